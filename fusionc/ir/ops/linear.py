@@ -1,0 +1,38 @@
+"""Linear layer (GEMV in decode, GEMM for many tokens).
+
+y[..., n] = sum_k x[..., k] · w[n, k] (+ bias[n]), with weights stored [out, in] as in
+``torch.nn.Linear``; products accumulated in fp32, the result rounded to the dtype of x.
+"""
+from __future__ import annotations
+
+from fusionc.ir.ops.common import io_cost
+from fusionc.ir.registry import FLOAT_DTYPES_TEXT, OpDef, fail, register, same_dtype
+from fusionc.ir.types import FLOAT_DTYPES
+
+
+def _infer(op):
+    x, w = op.operands[0].type, op.operands[1].type
+    types = [v.type for v in op.operands]
+    same_dtype(op, *types)
+    if x.dtype not in FLOAT_DTYPES:
+        fail(op, f"x has dtype {x.dtype}", FLOAT_DTYPES_TEXT)
+    if w.rank != 2 or x.rank < 1:
+        fail(op, f"weight {w} is not a matrix [out, in]", "w: [out, in], x: [..., in]")
+    if x.shape[-1] != w.shape[1]:
+        fail(op, f"x {x} has {x.shape[-1]} input features but weight {w} expects {w.shape[1]}",
+             f"x of shape [..., {w.shape[1]}] for weight [out, in] = {list(w.shape)}")
+    if len(op.operands) == 3:
+        b = op.operands[2].type
+        if b.shape != (w.shape[0],):
+            fail(op, f"bias {b} does not match weight rows {w.shape[0]}",
+                 f"bias of shape [{w.shape[0]}]")
+    return (x.with_shape(x.shape[:-1] + (w.shape[0],)),)
+
+
+def _cost(op, env):
+    out = op.results[0].type
+    k = op.operands[0].type.shape[-1]
+    return io_cost(op, env, 2 * out.numel(env) * k)
+
+
+register(OpDef("linear", __doc__, ("x", "w", "bias?"), (), _infer, cost=_cost))

@@ -1,0 +1,31 @@
+"""RMSNorm.
+
+y = w · x · rsqrt(mean(x², last axis) + eps), with the sum of squares accumulated in fp32 and the
+result rounded to the dtype of x (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization",
+eq. 4; eps inside the square root as in Llama). Applied over the last axis, so it serves both the
+hidden-state norm (x: [B, hidden]) and per-head QK-norm (x: [B, heads, head_dim], w: [head_dim]).
+"""
+from __future__ import annotations
+
+from fusionc.ir.ops.common import io_cost, numel
+from fusionc.ir.registry import FLOAT, FLOAT_DTYPES_TEXT, OpDef, attr, fail, register, same_dtype
+from fusionc.ir.types import FLOAT_DTYPES
+
+
+def _infer(op):
+    x, w = (v.type for v in op.operands)
+    same_dtype(op, x, w)
+    if x.dtype not in FLOAT_DTYPES:
+        fail(op, f"x has dtype {x.dtype}", FLOAT_DTYPES_TEXT)
+    if x.rank < 1 or w.rank != 1 or w.shape[0] != x.shape[-1]:
+        fail(op, f"weight {w} does not match the last axis of x {x}",
+             f"weight of shape [{x.shape[-1] if x.rank else 'D'}]")
+    if op.attr("eps") < 0:
+        fail(op, f"eps = {op.attr('eps')} is negative", "eps >= 0")
+    return (x,)
+
+
+register(OpDef(
+    "rms_norm", __doc__, ("x", "weight"),
+    (attr("eps", FLOAT, doc="added to mean(x^2) inside the square root"),), _infer,
+    cost=lambda op, env: io_cost(op, env, 4 * numel(op, env))))

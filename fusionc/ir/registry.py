@@ -1,0 +1,349 @@
+"""The op registry: one entry per op holds everything about it.
+
+An :class:`OpDef` keeps together (in the style of JAX primitives) an op's
+- signature: operand names (``"bias?"`` optional, ``"xs*"`` variadic) and typed attributes;
+- type/shape inference (``infer``), which is also its verification;
+- where it may appear (graph IR, tile-IR kernels, host launch sequences);
+- the interpreter rule (graph IR, numpy) and simulator rule (tile IR, per CTA);
+- its cost (bytes moved, FLOPs) and its CUDA template name.
+
+The text syntax is the generic form for every op, derived from this entry:
+``%r = name(%a, %b) {attr = value, ...} : type``. Adding an op means one module calling
+:func:`register`, one template and one test file.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fusionc.errors import VerifyError
+from fusionc.ir.nodes import Op, SymbolRef
+from fusionc.ir.types import DType, TensorType
+
+
+class Ident(str):
+    """A bare identifier as written in IR text (``sum``, ``neox``, ``B``)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# attribute kinds
+
+
+@dataclass(frozen=True, slots=True)
+class AttrKind:
+    """A kind of attribute value: how to check/normalize it and how to print it.
+
+    ``name`` is one of int, float, bool, str, enum, ints, dims, symbol, floats.
+    """
+
+    name: str
+    choices: tuple[str, ...] = ()
+    min: float | None = None
+
+    def describe(self) -> str:
+        if self.name == "enum":
+            return "one of " + ", ".join(self.choices)
+        return {"int": "an integer", "float": "a number", "bool": "true or false",
+                "str": 'a quoted string', "ints": "a list of integers [1, 2]",
+                "dims": "a list of sizes or symbols [B, 4096]", "symbol": "a reference @name",
+                "floats": "a list of numbers"}[self.name] + (
+                    f" >= {self.min:g}" if self.min is not None else "")
+
+    def convert(self, v: Any) -> Any:
+        """Normalize ``v`` to this kind or raise ValueError with what is expected."""
+        out = self._convert(v)
+        if self.min is not None and out < self.min:
+            raise ValueError(f"expected {self.describe()}, got {self.format(out)}")
+        return out
+
+    def _convert(self, v: Any) -> Any:  # noqa: C901 - a flat dispatch on the kind
+        n = self.name
+        if n == "int" and isinstance(v, int) and not isinstance(v, bool):
+            return v
+        if n == "float":
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                v = float(v)
+            elif isinstance(v, Ident) and v in ("inf", "-inf"):
+                v = float(v)
+            if isinstance(v, float) and not math.isnan(v):
+                return v
+        if n == "bool":
+            if isinstance(v, bool):
+                return v
+            if isinstance(v, Ident) and v in ("true", "false"):
+                return v == "true"
+        if n == "str" and isinstance(v, str) and not isinstance(v, Ident):
+            return str(v)
+        if n == "enum" and isinstance(v, (str, DType)) and str(v) in self.choices:
+            return str(v)
+        if n == "symbol" and isinstance(v, SymbolRef):
+            return v
+        if n in ("ints", "dims", "floats") and isinstance(v, (tuple, list)):
+            item = {"ints": AttrKind("int"), "floats": AttrKind("float")}.get(n)
+            out = []
+            for x in v:
+                if n == "dims" and isinstance(x, str) and x.isidentifier():
+                    out.append(str(x))
+                else:
+                    out.append((item or AttrKind("int")).convert(x))
+            return tuple(out)
+        raise ValueError(f"expected {self.describe()}, got {_show(v)}")
+
+    def format(self, v: Any) -> str:
+        """The text form of a (converted) value."""
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float):
+            r = repr(v)
+            return r if any(c in r for c in ".en") else r + ".0"
+        if isinstance(v, int):
+            return str(v)
+        if isinstance(v, SymbolRef):
+            return str(v)
+        if isinstance(v, tuple):
+            return "[" + ", ".join(self.format(x) if not isinstance(x, str) else x
+                                   for x in v) + "]"
+        if self.name == "str":
+            return _quote(v)
+        return str(v)
+
+
+def _quote(s: str) -> str:
+    import json
+    return json.dumps(s, ensure_ascii=True)
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, Ident):
+        return str(v)
+    if isinstance(v, str):
+        return _quote(v)
+    if isinstance(v, tuple):
+        return "[" + ", ".join(_show(x) for x in v) + "]"
+    return repr(v)
+
+
+INT, FLOAT, BOOL, STR = AttrKind("int"), AttrKind("float"), AttrKind("bool"), AttrKind("str")
+INTS, DIMS, SYMBOL, FLOATS = AttrKind("ints"), AttrKind("dims"), AttrKind("symbol"), AttrKind("floats")
+POS_INT = AttrKind("int", min=1)
+DTYPE = AttrKind("enum", tuple(d.value for d in DType))
+FLOAT_DTYPES_TEXT = "f16, bf16 or f32"
+
+
+def enum(*choices: str) -> AttrKind:
+    """An attribute that takes one of ``choices``, written bare (``style = neox``)."""
+    return AttrKind("enum", tuple(choices))
+
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True, slots=True)
+class AttrSpec:
+    """One attribute of an op: name, kind, default (omitted = required), documentation."""
+
+    name: str
+    kind: AttrKind
+    default: Any = _REQUIRED
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+def attr(name: str, kind: AttrKind, default: Any = _REQUIRED, doc: str = "") -> AttrSpec:
+    """Declare an attribute (see :class:`AttrSpec`)."""
+    return AttrSpec(name, kind, default, doc)
+
+
+# ----------------------------------------------------------------------------------------------
+# ops
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """Work of one op: bytes read and written in device memory, FLOPs, bytes over DSM."""
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+    flops: int = 0
+    dsm_bytes: int = 0
+
+    def __add__(self, o: "Cost") -> "Cost":
+        return Cost(self.bytes_read + o.bytes_read, self.bytes_written + o.bytes_written,
+                    self.flops + o.flops, self.dsm_bytes + o.dsm_bytes)
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+InferFn = Callable[[Op], tuple[TensorType, ...]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything about one op. See the module docstring.
+
+    Attributes:
+        name: op name in text and in :class:`~fusionc.ir.nodes.Op`.
+        doc: what it computes (formula and source).
+        operands: operand names; suffix ``?`` marks an optional trailing operand, ``*`` a
+            variadic tail.
+        attrs: typed attributes, printed in this order.
+        infer: result types from the op (operands, attributes); raises VerifyError (use
+            :func:`fail`) on ill-typed input. Verification is inference.
+        where: function kinds the op may appear in (``"graph"``, ``"kernel"``).
+        regions: number of nested regions the op carries.
+        interpret: graph-IR interpreter rule, ``(op, args: list[np.ndarray], ctx) -> tuple``.
+        simulate: tile-IR simulator rule (per CTA).
+        cost: ``(op, env) -> Cost`` with symbolic dims taken from ``env``.
+        template: name of the Jinja template that emits it, if it is emitted on its own.
+        verify: extra checks that need the module (``(op, ctx) -> None``).
+    """
+
+    name: str
+    doc: str
+    operands: tuple[str, ...]
+    attrs: tuple[AttrSpec, ...]
+    infer: InferFn
+    where: frozenset[str] = frozenset({"graph"})
+    regions: int = 0
+    interpret: Callable | None = None
+    simulate: Callable | None = None
+    cost: Callable | None = None
+    template: str | None = None
+    verify: Callable | None = None
+
+    @property
+    def min_operands(self) -> int:
+        return sum(1 for o in self.operands if not o.endswith(("?", "*")))
+
+    @property
+    def max_operands(self) -> float:
+        if any(o.endswith("*") for o in self.operands):
+            return math.inf
+        return len(self.operands)
+
+    def attr_spec(self, name: str) -> AttrSpec | None:
+        for a in self.attrs:
+            if a.name == name:
+                return a
+        return None
+
+    def signature(self) -> str:
+        """Human-readable generic syntax, used in error messages."""
+        ops = ", ".join("%" + o for o in self.operands)
+        ats = ", ".join(f"{a.name} = <{a.kind.describe()}>" + ("" if a.required else "?")
+                        for a in self.attrs)
+        return f"{self.name}({ops})" + (f" {{{ats}}}" if ats else "")
+
+    def make_attrs(self, given: dict[str, Any], loc=None) -> tuple[tuple[str, Any], ...]:
+        """Check attributes against the schema and return them in canonical order, defaults
+        filled. Raises VerifyError naming unknown, missing or ill-typed attributes."""
+        names = [a.name for a in self.attrs]
+        for k in given:
+            if k not in names:
+                raise VerifyError(f"unknown attribute '{k}'", op=self.name, loc=loc,
+                                  valid=", ".join(names) if names else "no attributes")
+        out = []
+        for a in self.attrs:
+            if a.name not in given:
+                if a.required:
+                    raise VerifyError(f"missing attribute '{a.name}'", op=self.name, loc=loc,
+                                      valid=self.signature())
+                out.append((a.name, a.default))
+                continue
+            try:
+                out.append((a.name, a.kind.convert(given[a.name])))
+            except ValueError as e:
+                raise VerifyError(f"attribute '{a.name}': {e}", op=self.name, loc=loc) from None
+        return tuple(out)
+
+
+_OPS: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    """Add an op to the registry (ValueError if the name is taken)."""
+    if opdef.name in _OPS:
+        raise ValueError(f"op '{opdef.name}' registered twice")
+    _OPS[opdef.name] = opdef
+    return opdef
+
+
+def lookup(name: str) -> OpDef | None:
+    """The registry entry of op ``name``, or None."""
+    _load_ops()
+    return _OPS.get(name)
+
+
+def all_ops() -> dict[str, OpDef]:
+    """Every registered op by name."""
+    _load_ops()
+    return dict(_OPS)
+
+
+def _load_ops() -> None:
+    import fusionc.ir.ops  # noqa: F401  (registers the built-in ops on import)
+
+
+# ----------------------------------------------------------------------------------------------
+# function kinds (graph, kernel)
+
+
+@dataclass(frozen=True)
+class FuncKind:
+    """A kind of module item (``graph`` or ``kernel``): its attributes and extra checks."""
+
+    name: str
+    attrs: tuple[AttrSpec, ...] = ()
+    verify: Callable | None = None  # (graph, module) -> None, raises VerifyError
+
+    def make_attrs(self, given: dict[str, Any], loc=None):
+        return OpDef(self.name, "", (), self.attrs, lambda op: ()).make_attrs(given, loc)
+
+
+FUNC_KINDS: dict[str, FuncKind] = {"graph": FuncKind("graph")}
+
+
+def register_func_kind(kind: FuncKind) -> FuncKind:
+    """Add or replace a module item kind (the tile-IR module registers ``kernel``)."""
+    FUNC_KINDS[kind.name] = kind
+    return kind
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers for infer rules
+
+
+def fail(op: Op, message: str, valid: str | None = None) -> None:
+    """Raise a VerifyError about ``op`` at its location."""
+    raise VerifyError(message, op=op.name, loc=op.loc, valid=valid)
+
+
+def same_dtype(op: Op, *types: TensorType) -> DType:
+    """The common dtype of ``types``; a VerifyError if they differ (no implicit casts)."""
+    dts = {t.dtype for t in types}
+    if len(dts) > 1:
+        fail(op, "operands have mixed dtypes " + ", ".join(str(t) for t in types),
+             "operands of one dtype; insert cast(%x) {dtype = ...}")
+    return types[0].dtype
+
+
+def expect_rank(op: Op, t: TensorType, what: str, rank: int, form: str) -> None:
+    """A VerifyError unless ``t`` has ``rank`` dims (``form`` describes the valid shape)."""
+    if t.rank != rank:
+        fail(op, f"{what} has type {t}", form)
+
+
+def expect_dtype(op: Op, t: TensorType, what: str, *dtypes: DType) -> None:
+    if t.dtype not in dtypes:
+        fail(op, f"{what} has dtype {t.dtype}", " or ".join(str(d) for d in dtypes))
+
+
+def dims_equal(a, b) -> bool:
+    """Dimension equality: equal ints or the same symbol."""
+    return a == b
