@@ -1,0 +1,1 @@
+"""Runtime: NVRTC compilation to cubins (works without a GPU), later loading and launching."""
