@@ -4,7 +4,31 @@ Decoder stages written in a small Python DSL are traced to graph IR, lowered to 
 explicit cluster collectives (ClusterReduce, ClusterGather over distributed shared memory), fused
 into single kernels, emitted as CUDA through Jinja templates and compiled with NVRTC.
 See DESIGN.md (shared) and README.md.
+
+The DSL (``fusionc.graph``, ``fusionc.linear``, ``fusionc.f16``, ...) and the interpreter
+(``fusionc.interpret``) are imported on first use, so that ``import fusionc`` stays fast.
 """
 __version__ = "0.1.0"
 
 from fusionc import errors  # noqa: E402,F401
+
+_DSL_NAMES = frozenset({
+    "graph", "module", "trace", "load_file", "add", "cast", "linear", "merge_heads", "mul",
+    "reshape", "rms_norm", "silu", "silu_mul", "split", "split_heads", "all_reduce",
+    "decode_attention", "kv_cache_append", "rope", "ElemType", "Tensor", "bf16", "dtype", "f16",
+    "f32", "f64", "i32", "i64", "Tracer"})
+
+
+def __getattr__(name):
+    """Lazy exports: DSL names from ``fusionc.dsl``, ``interpret`` from ``fusionc.interp``."""
+    if name in _DSL_NAMES:
+        from fusionc import dsl
+        return getattr(dsl, name)
+    if name == "interpret":
+        from fusionc.interp.interpreter import interpret
+        return interpret
+    raise AttributeError(f"module 'fusionc' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(set(globals()) | _DSL_NAMES | {"interpret"})

@@ -1,15 +1,71 @@
 """``fusionc ir``: print the IR of a DSL example or an IR text file."""
 from __future__ import annotations
 
+import ast
+
 from fusionc.cli import command
+from fusionc.errors import DSLError
+
+_EPILOG = """\
+A .py file is a DSL file: it defines build(**sizes) returning a fusionc.ir.Module (called with
+its defaults, or with the sizes given by -D), or else a module-level `module`; its graphs are
+traced and printed. A .fir file is IR text: it is parsed, verified and printed again, so
+`fusionc ir a.py > a.fir && fusionc ir a.fir` prints the same text twice.
+
+examples:
+  fusionc ir examples/llama2_7b.py
+  fusionc ir examples/llama3_8b.py -D hidden=512 -D intermediate=1024 --graph mlp
+  fusionc ir saved.fir
+"""
 
 
-@command("ir", "print the IR of an example (.py) or re-print an IR file (.fir)")
+@command("ir", "print the IR of a DSL file (.py) or re-print an IR text file (.fir)")
 def setup(p):
+    import argparse
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = _EPILOG
     p.add_argument("source", help="a DSL file (.py) or IR text (.fir)")
+    p.add_argument("-D", dest="sizes", metavar="NAME=VALUE", action="append", default=[],
+                   help="pass a size to build() of a .py file (repeatable), e.g. -D hidden=512")
+    p.add_argument("--graph", metavar="NAME", help="print only this graph")
 
     def run(args):
-        from fusionc.ir import parse_file, print_module
-        print(print_module(parse_file(args.source)), end="")
+        from fusionc.ir import print_graph, print_module
+        module = load(args.source, parse_sizes(args.sizes))
+        if args.graph is None:
+            print(print_module(module), end="")
+        elif args.graph in module.names:
+            print(print_graph(module[args.graph]))
+        else:
+            raise DSLError(f"no graph named '{args.graph}' in {args.source}",
+                           valid=", ".join(module.names))
         return 0
     return run
+
+
+def load(source: str, sizes: dict):
+    """The Module of a .py DSL file (traced) or a .fir IR file (parsed and verified)."""
+    if source.endswith(".py"):
+        from fusionc.dsl.loader import load_file
+        return load_file(source, **sizes)
+    if sizes:
+        raise DSLError("-D sizes apply only to a .py DSL file", valid=f"drop -D for {source}")
+    from fusionc.ir import parse_file
+    return parse_file(source)
+
+
+def parse_sizes(items: list[str]) -> dict:
+    """``["hidden=512", "dtype=bf16"]`` → ``{"hidden": 512, "dtype": "bf16"}``.
+
+    Values are Python literals (ints, floats, quoted strings); anything else is a string.
+    """
+    out = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if not eq or not name.isidentifier():
+            raise DSLError(f"bad -D {item!r}", valid="-D NAME=VALUE, e.g. -D hidden=512")
+        try:
+            out[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[name] = text
+    return out

@@ -34,3 +34,15 @@ def accumulate_dtype(dtype: DType, precise: bool = False) -> np.dtype:
     """The numpy dtype used for arithmetic: float32 (as fp32 accumulation on the GPU), or
     float64 when ``precise`` (the float64 reference)."""
     return np.dtype(np.float64 if precise else np.float32)
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """Norm-wise relative error ‖out − ref‖ / ‖ref‖ (Frobenius norms, in float64).
+
+    0 when both are zero; inf when only ``ref`` is zero.
+    """
+    o, r = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    num, den = float(np.linalg.norm(o - r)), float(np.linalg.norm(r))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den

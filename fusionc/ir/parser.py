@@ -17,7 +17,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, Unex
 
 from fusionc.errors import FusionError, Loc, ParseError, VerifyError
 from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
-from fusionc.ir.registry import FUNC_KINDS, Ident, all_ops, lookup
+from fusionc.ir.registry import FUNC_KINDS, Ident, all_ops, func_kind, lookup
 from fusionc.ir.types import DType, TensorType
 
 _PUNCT = {"LPAR": "'('", "RPAR": "')'", "LBRACE": "'{'", "RBRACE": "'}'", "LSQB": "'['",
@@ -47,7 +47,7 @@ def parse_module(text: str, filename: str | None = None, verify: bool = True) ->
     try:
         tree = _lark().parse(text)
     except UnexpectedInput as e:
-        raise _syntax_error(e, filename) from None
+        raise _syntax_error(e, text, filename) from None
     except (LarkError, RecursionError) as e:  # defensive: lark internals
         raise ParseError(f"cannot parse: {type(e).__name__}", loc=Loc(filename, 1, 1)) from None
     try:
@@ -60,8 +60,10 @@ def parse_module(text: str, filename: str | None = None, verify: bool = True) ->
     return module
 
 
-def _syntax_error(e: UnexpectedInput, filename: str | None) -> ParseError:
-    loc = Loc(filename, getattr(e, "line", 1) or 1, getattr(e, "column", 1) or 1)
+def _syntax_error(e: UnexpectedInput, text: str, filename: str | None) -> ParseError:
+    line, col = getattr(e, "line", 1), getattr(e, "column", 1)
+    loc = Loc(filename, line if isinstance(line, int) and line > 0 else 1,
+              col if isinstance(col, int) and col > 0 else 1)
     if isinstance(e, UnexpectedCharacters):
         got = repr(e.char)
         expected = e.allowed or set()
@@ -71,6 +73,8 @@ def _syntax_error(e: UnexpectedInput, filename: str | None) -> ParseError:
         tok = getattr(e, "token", None)
         got = "end of input" if tok is None or tok.type == "$END" else repr(str(tok))
         expected = getattr(e, "expected", None) or set()
+    if got == "end of input":  # lark places it at the last token; point at the end instead
+        loc = Loc(filename, text.count("\n") + 1, len(text) - text.rfind("\n"))
     names = sorted({_PUNCT.get(n, n.lower()) for n in expected})
     return ParseError(f"unexpected {got}", loc=loc,
                       valid=("expected " + ", ".join(names)) if names else None)
@@ -93,7 +97,7 @@ class _Builder:
 
     def item(self, t) -> Graph:
         kind_tok, sym = t.children[0], t.children[1]
-        kind = FUNC_KINDS.get(str(kind_tok))
+        kind = func_kind(str(kind_tok))
         if kind is None:
             raise ParseError(f"unknown item kind '{kind_tok}'", loc=self.loc(kind_tok),
                              valid=", ".join(FUNC_KINDS))
@@ -183,8 +187,9 @@ class _Builder:
             try:
                 return json.loads(str(ch[0]))
             except ValueError:
-                raise ParseError("bad escape in string", loc=self.loc(ch[0]),
-                                 valid='JSON escapes such as \\" \\\\ \\n \\u00e9') from None
+                raise ParseError("bad string literal", loc=self.loc(ch[0]),
+                                 valid='a JSON string: no control characters, escapes such as '
+                                       '\\" \\\\ \\n \\t \\u00e9') from None
         return tuple(self.value(x) for x in ch)
 
     def int(self, tok) -> int:

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from fusionc.ir.nodes import Graph, Module, Op, Value
-from fusionc.ir.registry import AttrKind, FUNC_KINDS, lookup
+from fusionc.ir.registry import AttrKind, func_kind, lookup
 
 _GENERIC = AttrKind("int")  # formats ints, floats, bools, symbols and lists
 
@@ -17,11 +17,11 @@ def print_module(m: Module) -> str:
 
 def print_graph(g: Graph) -> str:
     """``graph @name(params) { ops; return values }`` (or ``kernel @name {attrs} ...``)."""
-    kind = FUNC_KINDS.get(g.kind)
+    kind = func_kind(g.kind)
     specs = {a.name: a.kind for a in kind.attrs} if kind else {}
     head = f"{g.kind} @{g.name}"
     if g.attrs:
-        head += " " + _attrs(g.attrs, specs)
+        head += " " + _attrs(g.attrs, specs) + " "
     params = ", ".join(f"%{p.name}: {p.type}" for p in g.params)
     lines = [f"{head}({params}) {{"]
     for op in g.body:

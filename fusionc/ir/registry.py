@@ -14,6 +14,8 @@ The text syntax is the generic form for every op, derived from this entry:
 from __future__ import annotations
 
 import math
+import numbers
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,6 +26,10 @@ from fusionc.ir.types import DType, TensorType
 
 class Ident(str):
     """A bare identifier as written in IR text (``sum``, ``neox``, ``B``)."""
+
+
+# A symbol name as the grammar's IDENT terminal spells it (symbolic dims such as ``B``).
+SYMBOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -47,7 +53,9 @@ class AttrKind:
         return {"int": "an integer", "float": "a number", "bool": "true or false",
                 "str": 'a quoted string', "ints": "a list of integers [1, 2]",
                 "dims": "a list of sizes or symbols [B, 4096]", "symbol": "a reference @name",
-                "floats": "a list of numbers"}[self.name] + (
+                "floats": "a list of numbers",
+                "affine": 'an index expression such as "128*cluster + 32*rank + 4"',
+                "affines": 'a list of index expressions ["cluster", "32*rank"]'}[self.name] + (
                     f" >= {self.min:g}" if self.min is not None else "")
 
     def convert(self, v: Any) -> Any:
@@ -59,10 +67,17 @@ class AttrKind:
 
     def _convert(self, v: Any) -> Any:  # noqa: C901 - a flat dispatch on the kind
         n = self.name
-        if n == "int" and isinstance(v, int) and not isinstance(v, bool):
-            return v
+        # numbers.Integral / Real admit numpy scalars; they are stored as plain int / float
+        if n == "int" and isinstance(v, numbers.Integral) and not isinstance(v, bool):
+            return int(v)
         if n == "float":
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+                try:
+                    v = float(int(v))
+                except OverflowError:
+                    raise ValueError(f"expected {self.describe()}, got an integer out of the "
+                                     "range of a double") from None
+            elif isinstance(v, numbers.Real) and not isinstance(v, bool):
                 v = float(v)
             elif isinstance(v, Ident) and v in ("inf", "-inf"):
                 v = float(v)
@@ -79,11 +94,21 @@ class AttrKind:
             return str(v)
         if n == "symbol" and isinstance(v, SymbolRef):
             return v
+        if n == "affine":
+            from fusionc.ir.affine import Affine, parse_affine
+            if isinstance(v, Affine):
+                return v
+            if isinstance(v, int) and not isinstance(v, bool):
+                return Affine(const=v)
+            if isinstance(v, str) and not isinstance(v, Ident) and len(v) < 200:
+                return parse_affine(v)
+        if n == "affines" and isinstance(v, (tuple, list)):
+            return tuple(AttrKind("affine").convert(x) for x in v)
         if n in ("ints", "dims", "floats") and isinstance(v, (tuple, list)):
             item = {"ints": AttrKind("int"), "floats": AttrKind("float")}.get(n)
             out = []
             for x in v:
-                if n == "dims" and isinstance(x, str) and x.isidentifier():
+                if n == "dims" and isinstance(x, str) and SYMBOL_NAME.match(x):
                     out.append(str(x))
                 else:
                     out.append((item or AttrKind("int")).convert(x))
@@ -101,6 +126,10 @@ class AttrKind:
             return str(v)
         if isinstance(v, SymbolRef):
             return str(v)
+        if self.name == "affine":
+            return _quote(str(v))
+        if self.name == "affines":
+            return "[" + ", ".join(_quote(str(x)) for x in v) + "]"
         if isinstance(v, tuple):
             return "[" + ", ".join(self.format(x) if not isinstance(x, str) else x
                                    for x in v) + "]"
@@ -115,8 +144,10 @@ def _quote(s: str) -> str:
 
 
 def _show(v: Any) -> str:
-    if isinstance(v, Ident):
+    if isinstance(v, (Ident, SymbolRef, DType)):
         return str(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
     if isinstance(v, str):
         return _quote(v)
     if isinstance(v, tuple):
@@ -127,6 +158,8 @@ def _show(v: Any) -> str:
 INT, FLOAT, BOOL, STR = AttrKind("int"), AttrKind("float"), AttrKind("bool"), AttrKind("str")
 INTS, DIMS, SYMBOL, FLOATS = AttrKind("ints"), AttrKind("dims"), AttrKind("symbol"), AttrKind("floats")
 POS_INT = AttrKind("int", min=1)
+NONNEG_INT = AttrKind("int", min=0)
+AFFINE, AFFINES = AttrKind("affine"), AttrKind("affines")
 DTYPE = AttrKind("enum", tuple(d.value for d in DType))
 FLOAT_DTYPES_TEXT = "f16, bf16 or f32"
 
@@ -201,7 +234,9 @@ class OpDef:
         simulate: tile-IR simulator rule (per CTA).
         cost: ``(op, env) -> Cost`` with symbolic dims taken from ``env``.
         template: name of the Jinja template that emits it, if it is emitted on its own.
-        verify: extra checks that need the module (``(op, ctx) -> None``).
+        verify: extra checks that need the graph and module (``(op, graph, module) -> None``).
+        collective: executed by all CTAs of a cluster together (barriers, collectives); its
+            ``simulate`` rule takes ``(op, ctas)`` and returns each CTA's results.
     """
 
     name: str
@@ -216,6 +251,7 @@ class OpDef:
     cost: Callable | None = None
     template: str | None = None
     verify: Callable | None = None
+    collective: bool = False
 
     @property
     def min_operands(self) -> int:
@@ -263,6 +299,8 @@ class OpDef:
         return tuple(out)
 
 
+GRAPH_AND_KERNEL = frozenset({"graph", "kernel"})  # ops also usable on tiles in kernels
+
 _OPS: dict[str, OpDef] = {}
 
 
@@ -307,6 +345,12 @@ class FuncKind:
 
 
 FUNC_KINDS: dict[str, FuncKind] = {"graph": FuncKind("graph")}
+
+
+def func_kind(name: str) -> FuncKind | None:
+    """The item kind ``name`` (``graph``, ``kernel``), or None."""
+    _load_ops()
+    return FUNC_KINDS.get(name)
 
 
 def register_func_kind(kind: FuncKind) -> FuncKind:

@@ -13,11 +13,13 @@ Errors are :class:`fusionc.errors.VerifyError` at the op's location (IR line:col
 """
 from __future__ import annotations
 
+import difflib
+import math
 import re
 
 from fusionc.errors import VerifyError
 from fusionc.ir.nodes import Graph, Module, Op, Value
-from fusionc.ir.registry import FUNC_KINDS, lookup
+from fusionc.ir.registry import FUNC_KINDS, all_ops, func_kind, lookup
 from fusionc.ir.types import TensorType
 
 _NAME = re.compile(r"[A-Za-z0-9_.]+\Z")
@@ -39,7 +41,7 @@ def verify_module(m: Module) -> Module:
 
 def verify_graph(g: Graph, module: Module | None = None) -> None:
     """Check one graph or kernel (see the module docstring)."""
-    kind = FUNC_KINDS.get(g.kind)
+    kind = func_kind(g.kind)
     if kind is None:
         raise VerifyError(f"unknown item kind '{g.kind}'", loc=g.loc, valid=", ".join(FUNC_KINDS))
     if not _SYMBOL.match(g.name):
@@ -58,9 +60,9 @@ def verify_graph(g: Graph, module: Module | None = None) -> None:
 
 def _verify_ops(ops, g, module, defined, scope) -> None:
     for op in ops:
-        verify_op(op, g.kind)
-        for v in op.operands:
+        for v in op.operands:  # SSA first: inference below trusts the operand types
             _check_use(v, scope, g, op, "used")
+        verify_op(op, g.kind)
         d = lookup(op.name)
         if d.verify is not None:
             d.verify(op, g, module)
@@ -74,23 +76,34 @@ def verify_op(op: Op, where: str = "graph") -> None:
     """Check one op on its own: registry entry, operands, attributes, regions, result types."""
     d = lookup(op.name)
     if d is None:
-        raise VerifyError(f"unknown op '{op.name}'", op=op.name, loc=op.loc)
+        close = difflib.get_close_matches(op.name, all_ops(), n=3)
+        raise VerifyError(f"unknown op '{op.name}'", op=op.name, loc=op.loc,
+                          valid="did you mean " + ", ".join(close) if close else None)
     if where not in d.where:
         raise VerifyError(f"op not allowed in a {where}", op=op.name, loc=op.loc,
                           valid="inside " + " or ".join(sorted(d.where)))
     n = len(op.operands)
     if not d.min_operands <= n <= d.max_operands:
-        raise VerifyError(f"{n} operands given", op=op.name, loc=op.loc, valid=d.signature())
+        lo, hi = d.min_operands, d.max_operands
+        want = str(lo) if lo == hi else f"{lo} or more" if hi == math.inf else f"{lo} to {hi}"
+        raise VerifyError(f"{n} operand{'' if n == 1 else 's'} given, {want} expected",
+                          op=op.name, loc=op.loc, valid=d.signature())
     if len(op.regions) != d.regions:
         raise VerifyError(f"{len(op.regions)} regions given, {d.regions} expected",
                           op=op.name, loc=op.loc)
     canon = d.make_attrs(dict(op.attrs), op.loc)
-    if canon != op.attrs:
-        raise VerifyError("attributes not in canonical form (order, defaults)", op=op.name,
-                          loc=op.loc, valid=d.signature())
+    if _exact(canon) != _exact(op.attrs):
+        raise VerifyError("attributes not in canonical form (order, defaults, value types)",
+                          op=op.name, loc=op.loc, valid=_fmt_attrs(d, canon))
     for v in op.operands:
         _check_type(v.type, op)
-    inferred = d.infer(op)
+    try:
+        inferred = d.infer(op)
+    except (IndexError, TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError):
+        # an inference rule that did not foresee these operands: still the user's IR at fault
+        raise VerifyError("operand types (" + ", ".join(str(v.type) for v in op.operands) +
+                          ") do not fit the op", op=op.name, loc=op.loc,
+                          valid=d.signature()) from None
     got = tuple(r.type for r in op.results)
     if got != tuple(inferred):
         raise VerifyError(
@@ -98,16 +111,30 @@ def verify_op(op: Op, where: str = "graph") -> None:
             op=op.name, loc=op.loc, valid=_types(inferred))
 
 
+def _exact(v):
+    """``v`` with the type of every value, so that 1 != 1.0 (an int given for a float attribute
+    prints differently) and -0.0 != 0.0."""
+    if isinstance(v, tuple):
+        return tuple(_exact(x) for x in v)
+    return (type(v), repr(v) if isinstance(v, float) else v)
+
+
+def _fmt_attrs(d, attrs) -> str:
+    return "{" + ", ".join(f"{k} = {d.attr_spec(k).kind.format(v)}" for k, v in attrs) + "}"
+
+
 def _types(ts) -> str:
     return "(" + ", ".join(str(t) for t in ts) + ")"
 
 
-def _check_type(t: TensorType, op: Op | None, g: Graph | None = None) -> None:
+def _check_type(t: TensorType, op: Op | None, g: Graph | None = None,
+                name: str | None = None) -> None:
     for d in t.shape:
         ok = (isinstance(d, int) and not isinstance(d, bool) and d >= 1) or (
             isinstance(d, str) and _SYMBOL.match(d))
         if not ok:
-            raise VerifyError(f"bad dimension {d!r} in {t}", op=op.name if op else None,
+            of = f" of %{name}" if name else ""
+            raise VerifyError(f"bad dimension {d!r} in {t}{of}", op=op.name if op else None,
                               loc=op.loc if op else g.loc if g else None,
                               valid="positive integers or symbol names such as B")
 
@@ -120,7 +147,7 @@ def _define(v: Value, defined: set, scope: dict, g: Graph, op: Op | None) -> Non
     if v.name in defined:
         raise VerifyError(f"value %{v.name} is defined twice", op=op.name if op else None,
                           loc=loc, valid="a fresh name (SSA: one definition per value)")
-    _check_type(v.type, op, g)
+    _check_type(v.type, op, g, v.name)
     defined.add(v.name)
     scope[v.name] = v
 

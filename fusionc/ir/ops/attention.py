@@ -15,7 +15,9 @@ kv_cache_append: writes k[b], v[b] at cache position positions[b] and returns th
 """
 from __future__ import annotations
 
-from fusionc.ir.ops.common import io_cost
+import numpy as np
+
+from fusionc.errors import InputError
 from fusionc.ir.registry import (FLOAT, FLOAT_DTYPES_TEXT, Cost, OpDef, attr, fail, register,
                                  same_dtype)
 from fusionc.ir.types import FLOAT_DTYPES, DType
@@ -67,6 +69,46 @@ def _attention(op):
     return (q,)
 
 
+def _out_of_range(op, what, idx, limit, hi_ok):
+    """InputError unless 0 <= idx[b] < limit (<= limit when ``hi_ok``) for every row b."""
+    bad = (idx < 0) | ((idx > limit) if hi_ok else (idx >= limit))
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise InputError(f"{what}[{b}] = {int(idx[b])} is outside the cache", op=op.name,
+                         loc=op.loc, valid=f"0 <= {what} {'<=' if hi_ok else '<'} {limit}")
+
+
+def _run_append(op, args, ctx):
+    kc, vc, k, v, pos = args
+    _out_of_range(op, "positions", pos, kc.shape[1], hi_ok=False)
+    rows = np.arange(kc.shape[0])
+    kc, vc = kc.copy(), vc.copy()
+    kc[rows, pos] = k
+    vc[rows, pos] = v
+    return kc, vc
+
+
+def _run_attention(op, args, ctx):
+    """Per row: softmax over the first seq_lens[b] cached tokens, GQA by head groups."""
+    q, kc, vc, lens = args
+    _out_of_range(op, "seq_lens", lens, kc.shape[1], hi_ok=True)
+    b_, h, d = q.shape
+    hkv = kc.shape[2]
+    out = np.zeros((b_, h, d), ctx.acc)
+    scale = ctx.acc.type(op.attr("scale"))
+    for b in range(b_):
+        n = int(lens[b])
+        if n == 0:
+            continue  # an empty row yields zeros
+        k, v = kc[b, :n].astype(ctx.acc), vc[b, :n].astype(ctx.acc)   # [n, hkv, d]
+        qg = q[b].astype(ctx.acc).reshape(hkv, h // hkv, d)            # head h -> h // group
+        s = np.einsum("kgd,nkd->kgn", qg, k) * scale
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        o = np.einsum("kgn,nkd->kgd", p, v) / p.sum(axis=-1, keepdims=True)
+        out[b] = o.reshape(h, d)
+    return (out,)
+
+
 def _attention_cost(op, env, kv_len: int | None = None):
     """Bytes: q, o, and the K and V of ``kv_len`` tokens per row (default: max_seq)."""
     q, kc = op.operands[0].type, op.operands[1].type
@@ -82,7 +124,7 @@ def _append_cost(op, env):
 
 
 register(OpDef("kv_cache_append", __doc__, ("k_cache", "v_cache", "k", "v", "positions"), (),
-               _append, cost=_append_cost))
+               _append, interpret=_run_append, cost=_append_cost))
 register(OpDef("decode_attention", __doc__, ("q", "k_cache", "v_cache", "seq_lens"),
                (attr("scale", FLOAT, doc="softmax scale, usually 1/sqrt(head_dim)"),),
-               _attention, cost=_attention_cost))
+               _attention, interpret=_run_attention, cost=_attention_cost))

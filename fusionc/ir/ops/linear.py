@@ -29,10 +29,17 @@ def _infer(op):
     return (x.with_shape(x.shape[:-1] + (w.shape[0],)),)
 
 
+def _run(op, args, ctx):
+    """x @ w.T (+ bias) in ``ctx.acc`` (fp32 products and sums)."""
+    x, w, *bias = (a.astype(ctx.acc) for a in args)
+    y = x @ w.T
+    return (y + bias[0] if bias else y,)
+
+
 def _cost(op, env):
     out = op.results[0].type
     k = op.operands[0].type.shape[-1]
     return io_cost(op, env, 2 * out.numel(env) * k)
 
 
-register(OpDef("linear", __doc__, ("x", "w", "bias?"), (), _infer, cost=_cost))
+register(OpDef("linear", __doc__, ("x", "w", "bias?"), (), _infer, interpret=_run, cost=_cost))

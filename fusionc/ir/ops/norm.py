@@ -7,8 +7,10 @@ hidden-state norm (x: [B, hidden]) and per-head QK-norm (x: [B, heads, head_dim]
 """
 from __future__ import annotations
 
+import numpy as np
+
 from fusionc.ir.ops.common import io_cost, numel
-from fusionc.ir.registry import FLOAT, FLOAT_DTYPES_TEXT, OpDef, attr, fail, register, same_dtype
+from fusionc.ir.registry import GRAPH_AND_KERNEL, FLOAT, FLOAT_DTYPES_TEXT, OpDef, attr, fail, register, same_dtype
 from fusionc.ir.types import FLOAT_DTYPES
 
 
@@ -25,7 +27,16 @@ def _infer(op):
     return (x,)
 
 
+def _run(op, args, ctx):
+    """y = (x · r) · w with r = 1 / sqrt(mean(x²) + eps), all in ``ctx.acc``."""
+    x, w = (a.astype(ctx.acc) for a in args)
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        r = 1 / np.sqrt(ms + ctx.acc.type(op.attr("eps")))
+    return ((x * r) * w,)
+
+
 register(OpDef(
     "rms_norm", __doc__, ("x", "weight"),
     (attr("eps", FLOAT, doc="added to mean(x^2) inside the square root"),), _infer,
-    cost=lambda op, env: io_cost(op, env, 4 * numel(op, env))))
+    interpret=_run, cost=lambda op, env: io_cost(op, env, 4 * numel(op, env)), where=GRAPH_AND_KERNEL))

@@ -1,0 +1,55 @@
+"""Stored facts about the NVIDIA H200 (SXM), measured on the project's machines (2026-11-29,
+shared/ANCHORS.md) unless marked as a datasheet lead.
+
+These drive the choice of cluster size and mapping without a GPU; autotuning on the device
+refines them (issue 8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Device:
+    """Facts the cost model needs. Bandwidths in bytes/s, times in seconds."""
+
+    name: str
+    sms: int
+    smem_per_block: int          # opt-in dynamic shared memory per CTA, bytes
+    l2_bytes: int
+    copy_bandwidth: float        # device-to-device copy, read + write
+    # clusters resident at once with one CTA per SM (occupancy query), by cluster size
+    resident_clusters: dict[int, int] = field(default_factory=dict)
+    # one all-read cluster all-reduce round (two barriers), by cluster size and payload bytes
+    collective_s: dict[int, dict[int, float]] = field(default_factory=dict)
+    launch_s: float = 2.5e-6     # launch + ramp of one kernel in a CUDA graph (estimate)
+    saturating_fraction: float = 0.6  # fraction of SMs that can saturate HBM (estimate)
+
+    def collective_time(self, size: int, payload: int) -> float:
+        """Seconds for one collective over ``payload`` bytes per CTA (log-linear interpolation
+        of the anchor table; 0 for a cluster of one)."""
+        if size <= 1:
+            return 0.0
+        table = sorted(self.collective_s[size].items())
+        for (b0, t0), (b1, t1) in zip(table, table[1:]):
+            if payload <= b1:
+                f = max(0.0, (payload - b0) / (b1 - b0))
+                return t0 + f * (t1 - t0)
+        (b0, t0), (b1, t1) = table[-2], table[-1]
+        return t1 + (payload - b1) * (t1 - t0) / (b1 - b0)
+
+
+H200 = Device(
+    name="NVIDIA H200",
+    sms=132,
+    smem_per_block=227 * 1024,
+    l2_bytes=60 * 1024 * 1024,
+    copy_bandwidth=4.2e12,
+    resident_clusters={1: 132, 2: 66, 4: 30, 8: 15, 16: 7},
+    collective_s={
+        2: {256: 0.76e-6, 1024: 0.91e-6, 4096: 1.84e-6, 16384: 5.6e-6},
+        4: {256: 1.19e-6, 1024: 1.56e-6, 4096: 3.90e-6, 16384: 13.2e-6},
+        8: {256: 2.04e-6, 1024: 2.91e-6, 4096: 8.09e-6, 16384: 28.8e-6},
+        16: {256: 3.73e-6, 1024: 5.52e-6, 4096: 16.1e-6, 16384: 58.8e-6},
+    },
+)

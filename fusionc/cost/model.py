@@ -1,0 +1,97 @@
+"""Cost of a tile-IR kernel: bytes from global memory, bytes over DSM, FLOPs, waves, and an
+estimated time on a :class:`~fusionc.cost.h200.Device`.
+
+Per-op costs come from each op's registry entry (``OpDef.cost(op, env)``, per CTA, with the
+cluster size in ``env["C"]`` and the KV length in ``env["S"]``). The kernel estimate is
+    waves · (bytes / grid) · resident clusters / (copy bandwidth · efficiency)
+    + waves · Σ collectives · anchor latency(C, payload) + launch,
+with efficiency = min(1, active SMs / (saturating fraction · SMs)): a partial last wave costs a
+whole wave, and a grid too small to fill the chip reaches only part of the bandwidth —
+a roofline with the anchors' measured collective latencies; autotuning on the GPU replaces it
+where measurements exist.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fusionc.cost.h200 import H200, Device
+from fusionc.ir.nodes import Graph, Op
+from fusionc.ir.registry import Cost, lookup
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """Whole-kernel totals (all CTAs) and the estimate."""
+
+    name: str
+    grid: int
+    cluster: int
+    ctas: int
+    waves: int
+    global_bytes: int
+    dsm_bytes: int
+    flops: int
+    collectives: int
+    est_s: float
+
+    def row(self) -> str:
+        return (f"{self.name:<24} {self.grid:>5} {self.cluster:>3} {self.ctas:>5} {self.waves:>5}"
+                f" {self.global_bytes / 1e6:>9.2f} {self.dsm_bytes / 1e3:>9.1f}"
+                f" {self.flops / 1e9:>8.3f} {self.collectives:>5} {self.est_s * 1e6:>8.1f}")
+
+    HEADER = (f"{'kernel':<24} {'grid':>5} {'C':>3} {'CTAs':>5} {'waves':>5} {'global MB':>9}"
+              f" {'DSM KB':>9} {'GFLOP':>8} {'coll':>5} {'est µs':>8}")
+
+
+def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H200) -> KernelCost:
+    """Cost of kernel ``k`` at ``batch`` rows and ``kv_len`` cached tokens."""
+    grid, size = k.attr("grid"), k.attr("cluster")
+    env = {"C": size, "S": kv_len, **{d: batch for p in k.params for d in p.type.shape
+                                       if isinstance(d, str)}}
+    total, coll_s, n_coll = Cost(), 0.0, 0
+    for op, ctas_per_cluster in _ops_with_share(k.body, size):
+        d = lookup(op.name)
+        c = d.cost(op, env) if d.cost is not None else Cost()
+        if "graph" in d.where:  # a graph op on tiles: its operands are on chip
+            c = Cost(flops=c.flops)
+        scale = grid * ctas_per_cluster
+        total = total + Cost(c.bytes_read * scale, c.bytes_written * scale, c.flops * scale,
+                             c.dsm_bytes * scale)
+        if op.name in ("cluster_reduce", "cluster_gather"):
+            n_coll += 1
+            coll_s += device.collective_time(size, op.operands[0].type.nbytes(env))
+    resident = device.resident_clusters.get(size, device.sms // size)
+    waves = math.ceil(grid / resident)
+    active = min(grid, resident)
+    eff = min(1.0, active * size / (device.saturating_fraction * device.sms))
+    # every wave takes as long as one cluster's share at the bandwidth of a full wave
+    t_mem = waves * (total.bytes / grid) * active / (device.copy_bandwidth * eff)
+    est = t_mem + coll_s * waves + device.launch_s
+    return KernelCost(k.name, grid, size, grid * size, waves, total.bytes, total.dsm_bytes,
+                      total.flops, n_coll, est)
+
+
+def _ops_with_share(ops, size: int, share: float = None):
+    """Each op with the number of CTAs per cluster that run it (``when`` on rank narrows it)."""
+    share = size if share is None else share
+    for op in ops:
+        if op.name == "when":
+            inner = share
+            if op.attr("on") == "rank":
+                inner = max(0, min(op.attr("hi"), size) - op.attr("lo"))
+            yield from _ops_with_share(op.regions[0], size, inner)
+        else:
+            yield op, share
+
+
+def cost_table(kernels: list[Graph], batch: int = 1, kv_len: int = 4096) -> str:
+    """A text table of :func:`kernel_cost` for each kernel."""
+    rows = [KernelCost.HEADER] + [kernel_cost(k, batch, kv_len).row() for k in kernels]
+    return "\n".join(rows)
+
+
+def op_cost(op: Op, env: dict) -> Cost:
+    """The registry cost of one op (zero when it has none)."""
+    d = lookup(op.name)
+    return d.cost(op, env) if d and d.cost else Cost()

@@ -1,0 +1,104 @@
+"""Load the module a DSL file describes (``fusionc ir EXAMPLE.py``).
+
+Convention (see ``examples/README.md``): the file defines ``build(**sizes) -> Module`` whose
+keyword parameters are the model sizes with defaults; failing that, a module-level ``module``
+holding a :class:`fusionc.ir.Module`. The file's folder is put on ``sys.path`` while it loads,
+so examples may import each other as a script run with ``python FILE.py`` would.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import itertools
+import sys
+from pathlib import Path
+
+from fusionc.errors import DSLError, FusionError, Loc
+from fusionc.ir.nodes import Module
+
+_COUNTER = itertools.count()
+
+
+def load_file(path: str | Path, **sizes) -> Module:
+    """The Module built by the DSL file ``path``, calling ``build(**sizes)`` if it has one.
+
+    Raises:
+        DSLError: unreadable file, an exception while running it (at the file's line), no
+            ``build``/``module``, unknown size names, or ``build`` not returning a Module.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DSLError(f"cannot read {p}: no such file")
+    with _on_path(str(p.parent.resolve())):
+        pymod = _exec(p)
+        build = getattr(pymod, "build", None)
+        if callable(build):
+            _check_sizes(build, sizes, p)
+            result, what = _call(build, sizes, p), "build()"
+        elif sizes:
+            raise DSLError(f"{p} has no build() function to pass sizes to",
+                           loc=Loc(str(p), 1), valid="def build(**sizes) -> Module")
+        else:
+            result, what = getattr(pymod, "module", None), "module"
+    if not isinstance(result, Module):
+        raise DSLError(f"{what} of {p} is a {type(result).__name__}, not a fusionc.ir.Module",
+                       loc=Loc(str(p), 1),
+                       valid="def build(**sizes) -> Module, or a module-level `module`")
+    return result
+
+
+@contextlib.contextmanager
+def _on_path(folder: str):
+    """``folder`` first on ``sys.path`` for the duration (as for ``python FILE.py``)."""
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
+
+
+def _exec(p: Path):
+    name = f"_fusionc_dsl_file_{p.stem}_{next(_COUNTER)}"
+    spec = importlib.util.spec_from_file_location(name, p)
+    pymod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = pymod
+    try:
+        spec.loader.exec_module(pymod)
+    except FusionError:
+        raise
+    except SyntaxError as e:
+        raise DSLError(f"syntax error: {e.msg}", loc=Loc(str(p), e.lineno or 1)) from None
+    except Exception as e:
+        raise _wrap(e, p) from None
+    return pymod
+
+
+def _check_sizes(build, sizes: dict, p: Path) -> None:
+    params = inspect.signature(build).parameters
+    if any(q.kind == q.VAR_KEYWORD for q in params.values()):
+        return
+    unknown = sorted(set(sizes) - set(params))
+    if unknown:
+        raise DSLError(f"build() of {p} has no size {', '.join(map(repr, unknown))}",
+                       valid=", ".join(params) or "no sizes")
+
+
+def _call(build, sizes: dict, p: Path):
+    try:
+        return build(**sizes)
+    except FusionError:
+        raise
+    except Exception as e:
+        raise _wrap(e, p) from None
+
+
+def _wrap(e: Exception, p: Path) -> DSLError:
+    """``e`` as a DSLError at the innermost line of ``p`` in its traceback."""
+    target, line = str(p.resolve()), None
+    tb = e.__traceback__
+    while tb is not None:
+        if str(Path(tb.tb_frame.f_code.co_filename).resolve()) == target:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return DSLError(f"{type(e).__name__}: {e}", loc=Loc(str(p), line) if line else None)

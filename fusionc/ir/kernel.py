@@ -1,0 +1,127 @@
+"""The ``kernel`` item kind: a tile-IR cluster kernel and its launch-shape rules.
+
+``kernel @k {grid = G, cluster = C, threads = T, max_batch = 16, nonportable = false}
+(%params) { per-CTA ops; return %outputs }``: G clusters of C CTAs of T threads each. Every CTA
+runs the body with its own ``cluster`` in [0, G) and ``rank`` in [0, C). Parameters are global
+tensors; the returned ones are the kernel's outputs (written in place).
+
+Invariants checked here (DESIGN §3):
+- C ∈ {1, 2, 4, 8, 16}; 16 only with ``nonportable = true`` (the non-portable cluster size
+  attribute must be set on the function before launch);
+- T a multiple of 32 (whole warps), at most 1024;
+- shared memory per CTA (the sum of ``smem_alloc`` buffers, symbolic dims bound to
+  ``max_batch``) at most 227 KB, the H200's opt-in limit per block;
+- every collective is reached by all CTAs of a cluster: none inside a ``when`` on the rank, and
+  none after a rank-dependent ``exit``;
+- tiles read or written stay inside their tensors for every (cluster, rank) unless masked.
+"""
+from __future__ import annotations
+
+from fusionc.errors import VerifyError
+from fusionc.ir.nodes import Graph, Module, Op
+from fusionc.ir.registry import BOOL, POS_INT, FuncKind, attr, lookup, register_func_kind
+
+SMEM_LIMIT = 227 * 1024
+CLUSTER_SIZES = (1, 2, 4, 8, 16)
+
+
+def smem_bytes(kernel: Graph) -> int:
+    """Shared memory per CTA in bytes, symbolic dims bound to the kernel's ``max_batch``."""
+    b = kernel.attr("max_batch")
+    total = 0
+    for op in kernel.walk():
+        if op.name == "smem_alloc":
+            t = op.result.type
+            total += t.nbytes({d: b for d in t.shape if isinstance(d, str)})
+    return total
+
+
+def _verify(k: Graph, module: Module | None) -> None:
+    c, t = k.attr("cluster"), k.attr("threads")
+    if c not in CLUSTER_SIZES:
+        raise VerifyError(f"cluster size {c}", op=k.name, loc=k.loc,
+                          valid="1, 2, 4, 8 or 16 CTAs per cluster")
+    if c == 16 and not k.attr("nonportable"):
+        raise VerifyError("cluster size 16 needs the non-portable cluster size attribute",
+                          op=k.name, loc=k.loc, valid="nonportable = true, or cluster <= 8")
+    if t % 32 or t > 1024:
+        raise VerifyError(f"{t} threads per CTA", op=k.name, loc=k.loc,
+                          valid="a multiple of 32, at most 1024")
+    smem = smem_bytes(k)
+    if smem > SMEM_LIMIT:
+        raise VerifyError(f"{smem} bytes of shared memory per CTA", op=k.name, loc=k.loc,
+                          valid=f"at most {SMEM_LIMIT} bytes (227 KB)")
+    names = {p.name for p in k.params}
+    for v in k.outputs:
+        if v.name not in names:
+            raise VerifyError(f"returns %{v.name}, which is not a parameter", op=k.name,
+                              loc=k.loc, valid="a kernel returns the parameters it writes")
+    _check_collectives(k.body, rank_branch=None, exited=None)
+    for op in k.walk():
+        _check_bounds(op, k)
+
+
+def _extremes(a, grid: int, size: int) -> tuple[int, int]:
+    """Smallest and largest value of affine ``a`` over all (cluster, rank) of the launch."""
+    vals = [a(c, r) for c in (0, grid - 1) for r in (0, size - 1)]
+    return min(vals), max(vals)
+
+
+def _check_bounds(op: Op, k: Graph) -> None:
+    """Static check that unmasked tiles stay inside their tensors (static dims only)."""
+    if op.name in ("load", "store", "grid_reduce"):
+        if op.name != "grid_reduce" and op.attr("masked"):
+            return
+        g = op.operands[0].type
+        sizes = op.result.type.shape if op.name == "load" else op.operands[1].type.shape
+        pairs = zip(op.attr("offsets"), sizes, g.shape)
+    elif op.name == "gemv" and not op.attr("masked"):
+        w = op.operands[1].type
+        pairs = ((op.attr("row"), op.attr("rows"), w.shape[0]),
+                 (op.attr("col"), op.operands[0].type.shape[-1], w.shape[1]))
+    else:
+        return
+    grid, size = k.attr("grid"), k.attr("cluster")
+    for axis, (off, n, dim) in enumerate(pairs):
+        if not (isinstance(n, int) and isinstance(dim, int)):
+            if str(off) != "0" or n != dim:
+                raise VerifyError(f"axis {axis}: a symbolic size {n} at offset \"{off}\"",
+                                  op=op.name, loc=op.loc, valid="the whole symbolic dim at 0")
+            continue
+        lo, hi = _extremes(off, grid, size)
+        if lo < 0 or hi + n > dim:
+            raise VerifyError(
+                f"axis {axis}: tile [{off}, +{n}) reaches {lo}..{hi + n} over the grid, outside "
+                f"0..{dim}", op=op.name, loc=op.loc, valid="tiles inside the tensor, or masked")
+
+
+def _check_collectives(ops, rank_branch: Op | None, exited: Op | None) -> Op | None:
+    """Walk ops in order; returns a rank-dependent exit seen (if any)."""
+    for op in ops:
+        d = lookup(op.name)
+        if d is not None and d.collective:
+            culprit = rank_branch or exited
+            if culprit is not None:
+                why = ("inside a branch on the CTA rank" if rank_branch is not None else
+                       f"after a rank-dependent exit at {exited.loc}")
+                raise VerifyError(f"collective {why}: not every CTA of the cluster reaches it "
+                                  f"(branch at {culprit.loc})", op=op.name, loc=op.loc,
+                                  valid="collectives outside rank-dependent branches")
+        if op.name == "exit" and rank_branch is not None:
+            exited = exited or rank_branch
+        if op.name == "when":
+            on_rank = op.attr("on") == "rank"
+            inner = _check_collectives(op.regions[0], rank_branch or (op if on_rank else None),
+                                       exited)
+            exited = exited or inner
+    return exited
+
+
+register_func_kind(FuncKind(
+    "kernel",
+    (attr("grid", POS_INT, doc="number of clusters"),
+     attr("cluster", POS_INT, doc="CTAs per cluster"),
+     attr("threads", POS_INT, 128, doc="threads per CTA"),
+     attr("max_batch", POS_INT, 1, doc="largest value of symbolic dims (batch bucket)"),
+     attr("nonportable", BOOL, False, doc="allow cluster size 16")),
+    _verify))

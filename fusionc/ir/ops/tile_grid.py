@@ -1,0 +1,75 @@
+"""Grid-level steps that leave the chip, and the host-side launch of a kernel.
+
+``grid_reduce(%dst, %t, %init?) {offsets}`` (off-chip)
+    Sums the tile into an output parameter across CTAs of the whole grid: each covered element
+    starts from ``init`` (e.g. the residual; every contributing CTA passes the same values) or 0,
+    adds the contributions in fp32 in CTA order (cluster-major), is rounded once and overwrites
+    the output —
+    deterministic, as the last-arriving-cluster or fixed-tree reductions codegen emits (DESIGN
+    §5). Used for the output projection summed over heads.
+``%outs = launch(%args) {kernel = @k}`` (in graphs)
+    Runs kernel ``@k`` with its leading parameters bound to ``%args``; the remaining
+    parameters are pure outputs allocated by the runtime. Results are the kernel's returned
+    parameters, in order (in-place updates of inputs such as KV caches included).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fusionc.ir.ops.tile_memory import K, _verify_store, window
+from fusionc.ir.registry import AFFINES, SYMBOL, Cost, OpDef, attr, fail, register
+
+
+def _infer_grid_reduce(op):
+    g, t = op.operands[0].type, op.operands[1].type
+    if len(op.operands) == 3 and op.operands[2].type.shape != t.shape:
+        fail(op, f"init {op.operands[2].type} does not match tile {t}", "init of the tile's shape")
+    if len(op.attr("offsets")) != g.rank or t.rank != g.rank:
+        fail(op, f"tile {t} and {len(op.attr('offsets'))} offsets for {g}",
+             f"a tile of rank {g.rank} and {g.rank} offsets")
+    return ()
+
+
+def _sim_grid_reduce(op, args, cta):
+    name = op.operands[0].name
+    src, dst, inside = window(op, cta, cta.memory.arrays[name].shape)
+    if not inside:
+        from fusionc.ir.ops.tile_memory import _bounds_error
+        _bounds_error(op, cta, cta.memory.arrays[name].shape)
+    init = np.asarray(args[2])[tuple(dst)] if len(args) == 3 else None
+    cta.memory.add_reduction(name, tuple(src), np.asarray(args[1])[tuple(dst)], cta, init)
+    return ()
+
+
+def _verify_launch(op, graph, module):
+    if module is None:
+        return
+    ref = op.attr("kernel").name
+    if ref not in module.names or module[ref].kind != "kernel":
+        fail(op, f"@{ref} is not a kernel of this module", "a kernel defined in the module")
+    k = module[ref]
+    n = len(op.operands)
+    if n > len(k.params) or any(a.type != p.type for a, p in zip(op.operands, k.params)):
+        fail(op, "arguments (" + ", ".join(str(a.type) for a in op.operands) + ") do not match "
+             f"@{ref}'s parameters", "(" + ", ".join(str(p.type) for p in k.params) + ")")
+    outs = {v.name for v in k.outputs}
+    if any(p.name not in outs for p in k.params[n:]):
+        fail(op, f"@{ref} has parameters past the {n} arguments that it does not return",
+             "arguments for every input parameter")
+    if tuple(r.type for r in op.results) != tuple(v.type for v in k.outputs):
+        fail(op, "results do not match the kernel's returned parameters",
+             "(" + ", ".join(str(v.type) for v in k.outputs) + ")")
+
+
+
+def _cost_grid_reduce(op, env):
+    """fp32 partial written to and read back from the workspace, the output written once."""
+    t = op.operands[1].type
+    n = t.numel(env)
+    return Cost(bytes_read=4 * n, bytes_written=4 * n + n * op.operands[0].type.dtype.itemsize)
+
+register(OpDef("grid_reduce", __doc__, ("dst", "tile", "init?"),
+               (attr("offsets", AFFINES),), _infer_grid_reduce, where=K,
+               simulate=_sim_grid_reduce, verify=_verify_store, cost=_cost_grid_reduce))
+register(OpDef("launch", __doc__, ("args*",), (attr("kernel", SYMBOL),),
+               lambda op: tuple(r.type for r in op.results), verify=_verify_launch))

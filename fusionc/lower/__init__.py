@@ -1,0 +1,7 @@
+"""Lowering of graph-IR decoder stages to tile-IR cluster kernels (used by partition-cluster).
+
+- :mod:`.builder`: a small API to emit tile ops with fresh names and inferred types;
+- :mod:`.match`: finds attention and MLP blocks in a graph (by dataflow, not by model name);
+- :mod:`.attention`, :mod:`.mlp`: the per-CTA tile programs of each block;
+- :mod:`.collectives`: the smem_store / barrier / collective / barrier idiom.
+"""

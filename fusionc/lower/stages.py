@@ -1,0 +1,119 @@
+"""Stage matchers: attention blocks (anchor ``decode_attention``) and MLP blocks (anchor
+``silu_mul``). See :mod:`fusionc.lower.match` for the stage descriptions."""
+from __future__ import annotations
+
+from fusionc.errors import LoweringError
+from fusionc.ir.nodes import Graph, Op, Value
+from fusionc.lower.match import (AttentionStage, Dataflow, MLPStage, Norm, input_norm,
+                                 projection, residual_tail)
+
+
+def find_stages(g: Graph) -> list:
+    """Every attention and MLP stage of ``g``, in program order."""
+    df = Dataflow(g)
+    out = []
+    for op in g.body:
+        if op.name == "decode_attention":
+            out.append(match_attention(df, op))
+        elif op.name == "silu_mul":
+            out.append(match_mlp(df, op))
+    return out
+
+
+def _head_chain(df: Dataflow, v: Value, at: Op):
+    """Follow [rope] ← [rms_norm] ← reshape from a projection; returns the pieces."""
+    ops, rope, norm = [], None, None
+    r = df.producer(v, "rope")
+    if r is not None:
+        rope, positions = r, r.operands[1]
+        ops.append(r)
+        v = r.operands[0]
+    n = df.producer(v, "rms_norm")
+    if n is not None:
+        norm = Norm(df.param(n.operands[1], "QK-norm weight", n), n.attr("eps"))
+        ops.append(n)
+        v = n.operands[0]
+    rs = df.producer(v, "reshape")
+    if rs is None or rs.operands[0].type.rank != 2:
+        raise LoweringError(f"%{v.name} is not heads split from a projection", op=at.name,
+                            loc=at.loc, valid="reshape(linear(...)) to [B, heads, head_dim]")
+    ops.append(rs)
+    rows, h, pops = projection(df, rs.operands[0], rs)
+    rope_key = None if rope is None else (rope.attr("theta"), rope.attr("style"),
+                                          rope.attr("rotary_dim"))
+    return rows, h, norm, rope_key, (positions if rope is not None else None), ops + pops
+
+
+def match_attention(df: Dataflow, att: Op) -> AttentionStage:
+    q, kc, vc, lens = att.operands
+    heads, head_dim = q.type.shape[1], q.type.shape[2]
+    kv_heads = kc.type.shape[2]
+    ops = [att]
+    qrows, hq, qn, qrope, qpos, qops = _head_chain(df, q, att)
+    app = df.producer(kc, "kv_cache_append")
+    if app is None or df.producer(vc, "kv_cache_append") is not app:
+        raise LoweringError("attention over a KV cache not appended in this graph",
+                            op=att.name, loc=att.loc,
+                            valid="k_cache, v_cache = kv_cache_append(...) before attention")
+    kc0, vc0, k, v, positions = app.operands
+    krows, hk, kn, krope, kpos, kops = _head_chain(df, k, app)
+    vrows, hv, vn, vrope, _, vops = _head_chain(df, v, app)
+    if not (hq.name == hk.name == hv.name):
+        raise LoweringError("q, k and v are projected from different inputs", op=att.name,
+                            loc=att.loc, valid="one normalized hidden state h")
+    if qrope != krope or vrope is not None or vn is not None or \
+            (qpos is not None and qpos.name != positions.name) or \
+            (kpos is not None and kpos.name != positions.name):
+        raise LoweringError("q and k take different RoPE, or v is rotated/normalized",
+                            op=att.name, loc=att.loc,
+                            valid="the same rope(positions) on q and k, none on v")
+    x, norm, nops = input_norm(df, hq)
+    x = df.param(x, "attention input", att)
+    for w in (kc0, vc0, lens, positions):
+        df.param(w, "cache, length or position input", att)
+    ops += [app] + qops + kops + vops + nops
+    out, oproj = att.result, None
+    flat = df.sole_use(out, "reshape")
+    if flat is not None:
+        lin = df.sole_use(flat.result, "linear")
+        if lin is not None and len(lin.operands) == 2:
+            oproj = df.param(lin.operands[1], "output projection weight", lin)
+            ops += [flat, lin]
+            out = lin.result
+    residual, out, rops = residual_tail(df, out) if oproj is not None else (None, out, [])
+    if residual is not None:
+        residual = df.param(residual, "residual", rops[0])
+    return AttentionStage(
+        tuple(_unique(ops + rops)), x, norm, qrows, krows, vrows, heads, kv_heads, head_dim,
+        qn, kn, qrope, positions, kc0, vc0, lens, att.attr("scale"), app.results,
+        oproj, residual, out)
+
+
+def match_mlp(df: Dataflow, act: Op) -> MLPStage:
+    gate, up = act.operands
+    grows, hg, gops = projection(df, gate, act)
+    urows, hu, uops = projection(df, up, act)
+    if hg.name != hu.name:
+        raise LoweringError("gate and up are projected from different inputs", op=act.name,
+                            loc=act.loc, valid="one normalized hidden state h")
+    x, norm, nops = input_norm(df, hg)
+    x = df.param(x, "MLP input", act)
+    down = df.sole_use(act.result, "linear")
+    if down is None or len(down.operands) != 2:
+        raise LoweringError("SiLU·mul is not followed by a down projection", op=act.name,
+                            loc=act.loc, valid="linear(silu_mul(gate, up), w_down)")
+    wd = df.param(down.operands[1], "down projection weight", down)
+    residual, out, rops = residual_tail(df, down.result)
+    if residual is not None:
+        residual = df.param(residual, "residual", rops[0])
+    ops = [act, down] + gops + uops + nops + rops
+    return MLPStage(tuple(_unique(ops)), x, norm, grows, urows, wd, residual, out)
+
+
+def _unique(ops: list[Op]) -> list[Op]:
+    seen, out = set(), []
+    for o in ops:
+        if id(o) not in seen:
+            seen.add(id(o))
+            out.append(o)
+    return out

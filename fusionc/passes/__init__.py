@@ -1,0 +1,11 @@
+"""Passes over fusionc IR, one per file, and the pipeline driver.
+
+- ``partition-cluster{size=C}`` (:mod:`.partition_cluster`): graph IR of attention and MLP blocks
+  to tile-IR cluster kernels (ClusterFusion decomposition), C chosen by the cost model when 0.
+"""
+from fusionc.passes import partition_cluster  # noqa: F401
+from fusionc.passes.base import PASSES, Pass, register_pass
+from fusionc.passes.pipeline import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
+
+__all__ = ["PASSES", "Pass", "register_pass", "DEFAULT_PIPELINE", "parse_pipeline",
+           "run_pipeline"]

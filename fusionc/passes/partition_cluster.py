@@ -1,0 +1,130 @@
+"""Pass ``partition-cluster``: lower attention and MLP blocks of graph IR to cluster kernels.
+
+Every attention block (found from its ``decode_attention``) and SwiGLU MLP block (from its
+``silu_mul``) of each graph becomes one tile-IR ``kernel`` item (see :mod:`fusionc.lower`), and
+the block's ops in the graph are replaced by one ``launch`` whose results take the names of the
+block's outputs (the new hidden state, the updated KV caches). Ops outside any block stay in the
+graph (``all_reduce``, for instance, is lowered by later passes).
+
+Options:
+    size: cluster size C (1, 2, 4, 8, 16); 0 lets the cost model choose per block.
+    scheme: QKV projection scheme of attention blocks, ``splitk``, ``splitn`` or ``auto``.
+    batch, kv_len: the batch and KV length the cost model plans for.
+    max_batch: largest batch the kernels are sized for (shared memory); a compile-time bucket.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusionc.cost.model import kernel_cost
+from fusionc.errors import LoweringError
+from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
+from fusionc.ir.registry import lookup
+from fusionc.lower.attention import lower_attention
+from fusionc.lower.match import AttentionStage
+from fusionc.lower.mlp import lower_mlp
+from fusionc.lower.stages import find_stages
+from fusionc.passes.base import Pass, register_pass
+
+SIZES = (1, 2, 4, 8, 16)
+
+
+@register_pass
+@dataclass(frozen=True)
+class PartitionCluster(Pass):
+    """See the module docstring."""
+
+    name = "partition-cluster"
+    size: int = 0
+    scheme: str = "auto"
+    batch: int = 1
+    kv_len: int = 4096
+    max_batch: int = 8
+
+    def run(self, module: Module) -> Module:
+        if self.size not in (0,) + SIZES:
+            raise LoweringError(f"cluster size {self.size}", op=self.name,
+                                valid="0 (cost model) or 1, 2, 4, 8, 16")
+        if self.scheme not in ("auto", "splitk", "splitn"):
+            raise LoweringError(f"scheme {self.scheme}", op=self.name,
+                                valid="auto, splitk or splitn")
+        items: list[Graph] = []
+        for g in module.graphs:
+            if g.kind != "graph":
+                items.append(g)
+                continue
+            host, kernels = self.lower_graph(g)
+            items += kernels + [host]
+        return Module(tuple(items))
+
+    def lower_graph(self, g: Graph) -> tuple[Graph, list[Graph]]:
+        """The host graph of launches and the kernels of graph ``g``."""
+        replaced: dict[int, Op | None] = {}
+        kernels = []
+        for i, st in enumerate(find_stages(g)):
+            k = self.best_kernel(st, f"{g.name}_k{i}")
+            kernels.append(k)
+            for op in st.ops:
+                replaced[id(op)] = None
+            replaced[id(_last(g, st.ops))] = _launch(k, st)
+        body = []
+        for op in g.body:
+            if id(op) not in replaced:
+                body.append(op)
+            elif replaced[id(op)] is not None:
+                body.append(replaced[id(op)])
+        return g.replace(body=tuple(body)), kernels
+
+    def best_kernel(self, st, name: str) -> Graph:
+        """Lower ``st`` for every allowed configuration and keep the cheapest by the cost
+        model (only the given one when ``size`` and ``scheme`` are fixed)."""
+        options, errors = [], []
+        for cfg in self.configs(st):
+            try:
+                k = self.lower(st, name, *cfg)
+                options.append((kernel_cost(k, self.batch, self.kv_len).est_s, k))
+            except LoweringError as e:
+                errors.append(e)
+        if not options:
+            raise errors[0]
+        return min(options, key=lambda t: t[0])[1]
+
+    def configs(self, st):
+        sizes = SIZES if self.size == 0 else (self.size,)
+        if isinstance(st, AttentionStage):
+            schemes = ("splitk", "splitn") if self.scheme == "auto" else (self.scheme,)
+            return [(c, s) for c in sizes for s in schemes]
+        inter = st.gate.rows
+        return [(c, grid) for c in sizes for grid in range(1, 4 * 132 // c + 1)
+                if inter % (grid * c) == 0 and grid * c >= min(66, inter // 8)
+                or (self.size and inter % (grid * c) == 0 and grid * c * 8 >= inter)]
+
+    def lower(self, st, name, size, extra) -> Graph:
+        if isinstance(st, AttentionStage):
+            return lower_attention(st, name, size, extra, self.max_batch)
+        return lower_mlp(st, name, size, extra, self.max_batch)
+
+
+def _last(g: Graph, ops) -> Op:
+    ids = {id(o) for o in ops}
+    return [op for op in g.body if id(op) in ids][-1]
+
+
+def _launch(k: Graph, st) -> Op:
+    outs = {v.name: v for v in k.outputs}
+    n_in = len(k.params) - sum(1 for p in k.params if p.name in outs and p is k.outputs[-1]
+                               and p.name == st.out.name)
+    args = tuple(p for p in k.params[:n_in])
+    results = []
+    cache_outs = getattr(st, "cache_outs", None) or ()
+    for v in k.outputs:
+        if v.name == st.out.name:
+            results.append(st.out)
+        else:  # an input updated in place: the graph value it becomes
+            idx = [st.k_cache.name, st.v_cache.name].index(v.name)
+            results.append(cache_outs[idx])
+    return Op("launch", tuple(results), args,
+              lookup("launch").make_attrs({"kernel": SymbolRef(k.name)}), (), k.loc)
+
+
+__all__ = ["PartitionCluster", "Value"]

@@ -1,0 +1,176 @@
+"""Run tile-IR kernels (and modules that launch them) in numpy.
+
+Scheduling: the CTAs of one cluster run in lockstep. Each CTA executes its ops in program order
+until it reaches a collective op (``cluster_barrier``, ``cluster_reduce``, ``cluster_gather``);
+when every CTA of the cluster waits at the same collective, it is performed for all of them
+together. A CTA that exits while others wait, or CTAs waiting at different collectives, is a
+SimulationError (on the GPU: a hang or garbage). Clusters run one after another: a kernel must
+not depend on the order of clusters (global-memory rules in :mod:`fusionc.sim.state`).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from fusionc.errors import InputError, SimulationError
+from fusionc.interp.interpreter import Context, _store, bind_inputs
+from fusionc.interp.numerics import round_to
+from fusionc.ir.nodes import Graph, Module, Op
+from fusionc.ir.registry import lookup
+from fusionc.sim.state import CTA, CTAExit, GlobalMemory
+
+
+def simulate_kernel(kernel: Graph, args: dict[str, np.ndarray],
+                    env: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Run ``kernel`` on ``args`` (parameter name -> array, all parameters given).
+
+    Arrays are copied, rounded to the parameter dtypes, and the kernel's outputs (the
+    parameters it returns) are returned by name. ``env`` binds symbolic dims; missing symbols
+    are taken from the argument shapes.
+
+    Raises:
+        InputError: missing argument or wrong shape.
+        SimulationError: the program breaks the execution model (see module docstring).
+    """
+    env = _bind(kernel, args, dict(env or {}))
+    memory = GlobalMemory({p.name: np.array(round_to(np.asarray(args[p.name]), p.type.dtype))
+                           for p in kernel.params})
+    grid, size = kernel.attr("grid"), kernel.attr("cluster")
+    for cid in range(grid):
+        _run_cluster(kernel, cid, size, env, memory)
+    memory.finish_reductions({p.name: p.type.dtype for p in kernel.params})
+    return {v.name: memory.arrays[v.name] for v in kernel.outputs}
+
+
+def _bind(kernel: Graph, args: dict, env: dict) -> dict:
+    for p in kernel.params:
+        if p.name not in args:
+            raise InputError(f"missing argument %{p.name}", op=kernel.name,
+                             valid="every parameter: " + ", ".join(q.name for q in kernel.params))
+        shape = np.shape(args[p.name])
+        if len(shape) != p.type.rank:
+            raise InputError(f"%{p.name} has shape {shape}, expected {p.type}", op=kernel.name)
+        for d, n in zip(p.type.shape, shape):
+            if isinstance(d, str):
+                d = env.setdefault(d, n)
+            if d != n:
+                raise InputError(f"%{p.name} has shape {shape}, expected {p.type} with "
+                                 f"{env}", op=kernel.name)
+    return env
+
+
+def _run_cluster(kernel: Graph, cid: int, size: int, env: dict, memory: GlobalMemory) -> None:
+    ctas = [CTA(cid, r, size, env, memory) for r in range(size)]
+    for cta in ctas:
+        for p in kernel.params:
+            cta.values[p.name] = p  # global parameters are referenced, not loaded
+    progs = [_program(kernel.body, cta) for cta in ctas]
+    waiting: list[Op | None] = [_advance(p) for p in progs]
+    while any(w is not None for w in waiting):
+        _check_same_collective(waiting, ctas)
+        op = waiting[0]
+        results = lookup(op.name).simulate(op, ctas)
+        for cta, res in zip(ctas, results):
+            _assign(op, cta, res)
+        waiting = [_advance(p) for p in progs]
+
+
+def _program(ops, cta: CTA) -> Iterator[Op]:
+    try:
+        yield from _run_ops(ops, cta)
+    except CTAExit:
+        pass
+    cta.exited = True
+    _check_exit(cta)
+
+
+def _run_ops(ops, cta: CTA) -> Iterator[Op]:
+    for op in ops:
+        d = lookup(op.name)
+        if d.collective:
+            yield op
+            continue
+        args = [cta.values[v.name] for v in op.operands]
+        if d.simulate is None:  # graph ops inside kernels: their interpreter rule, rounded
+            out = _interpret_op(op, args, Context(0, [cta.values], cta.env, False))
+            _assign(op, cta, out)
+            continue
+        out = d.simulate(op, args, cta)
+        if isinstance(out, Iterator):  # region ops (when) run nested programs
+            out = yield from out
+        _assign(op, cta, out)
+
+
+def _assign(op: Op, cta: CTA, results) -> None:
+    for v, x in zip(op.results, results or ()):
+        cta.values[v.name] = x
+
+
+def _advance(prog) -> Op | None:
+    try:
+        return next(prog)
+    except StopIteration:
+        return None
+
+
+def _check_same_collective(waiting: list, ctas: list[CTA]) -> None:
+    first = next(w for w in waiting if w is not None)
+    for cta, w in zip(ctas, waiting):
+        if w is None:
+            raise SimulationError(
+                f"CTA {cta.rank} of cluster {cta.cluster} has exited while its peers wait at "
+                f"'{first.name}' (a collective not reached by every CTA: a hang on the GPU)",
+                op=first.name, loc=first.loc,
+                valid="collectives reached by all CTAs; exit only after the last collective")
+        if w is not first:
+            raise SimulationError(
+                f"CTAs of cluster {cta.cluster} wait at different collectives: rank 0 at "
+                f"'{first.name}' ({first.loc}), rank {cta.rank} at '{w.name}' ({w.loc})",
+                op=w.name, loc=w.loc, valid="the same sequence of collectives on every CTA")
+
+
+def _check_exit(cta: CTA) -> None:
+    for buf in cta.smem.values():
+        if buf.peer_read_phase == cta.phase:
+            by = buf.peer_read_by
+            raise SimulationError(
+                f"CTA {cta.rank} of cluster {cta.cluster} exits while peers may still read its "
+                f"shared memory %{buf.name} (read by '{by.name}' at {by.loc} in this barrier "
+                "phase)", op=by.name, loc=by.loc,
+                valid="a cluster_barrier() after the last collective, before any CTA exits")
+
+
+def simulate(module: Module, inputs: dict[str, np.ndarray], graph: str | None = None,
+             env: dict[str, int] | None = None) -> tuple[np.ndarray, ...]:
+    """Run graph ``graph`` of ``module`` (default: its first graph): graph ops through their
+    interpreter rules (fp32, rounded to each result dtype), ``launch`` ops through
+    :func:`simulate_kernel`. Returns the graph's outputs in order."""
+    g = module[graph] if graph else next(x for x in module.graphs if x.kind == "graph")
+    values, env_b = bind_inputs(g, inputs)
+    env = {**env_b, **(env or {})}
+    ctx = Context(0, [values], env, False)
+    for op in g.body:
+        args = [values[v.name] for v in op.operands]
+        if op.name == "launch":
+            outs = _launch(module[op.attr("kernel").name], args, env)
+        else:
+            if lookup(op.name).interpret is None:
+                raise SimulationError("op has no interpreter rule", op=op.name, loc=op.loc)
+            outs = _interpret_op(op, args, ctx)
+        for v, x in zip(op.results, outs):
+            values[v.name] = x
+    return tuple(values[v.name] for v in g.outputs)
+
+
+def _interpret_op(op: Op, args: list, ctx) -> tuple:
+    outs = lookup(op.name).interpret(op, args, ctx)
+    return tuple(_store(x, r, ctx, op) for x, r in zip(outs, op.results))
+
+
+def _launch(k: Graph, args: list, env) -> tuple:
+    given = dict(zip((p.name for p in k.params), args))
+    for p in k.params[len(args):]:  # pure outputs: poisoned, must be written
+        given[p.name] = np.full(p.type.concrete(env), np.nan, p.type.dtype.numpy)
+    out = simulate_kernel(k, given, env)
+    return tuple(out[v.name] for v in k.outputs)
