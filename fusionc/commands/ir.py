@@ -16,6 +16,11 @@ examples:
   fusionc ir examples/llama2_7b.py
   fusionc ir examples/llama3_8b.py -D hidden=512 -D intermediate=1024 --graph mlp
   fusionc ir saved.fir
+  fusionc ir examples/llama3_8b.py --after partition-cluster      # tile IR + cost table
+  fusionc ir examples/llama2_7b.py --passes "partition-cluster{size=4,scheme=splitn}"
+
+With --after or --passes, each kernel's cost (global and DSM bytes, FLOPs, waves, estimated time
+on an H200 at --batch/--kv-len) is printed as // comments, so the output still parses.
 """
 
 
@@ -28,10 +33,19 @@ def setup(p):
     p.add_argument("-D", dest="sizes", metavar="NAME=VALUE", action="append", default=[],
                    help="pass a size to build() of a .py file (repeatable), e.g. -D hidden=512")
     p.add_argument("--graph", metavar="NAME", help="print only this graph")
+    p.add_argument("--after", metavar="PASS",
+                   help="run the default pipeline up to PASS and print the IR after it")
+    p.add_argument("--passes", metavar="PIPELINE",
+                   help='run this pipeline first, e.g. "partition-cluster{size=4},fuse"')
+    p.add_argument("--batch", type=int, default=1, help="batch for the cost table (default 1)")
+    p.add_argument("--kv-len", type=int, default=4096,
+                   help="KV length for the cost table (default 4096)")
 
     def run(args):
         from fusionc.ir import print_graph, print_module
         module = load(args.source, parse_sizes(args.sizes))
+        if args.after or args.passes:
+            module = run_passes(module, args)
         if args.graph is None:
             print(print_module(module), end="")
         elif args.graph in module.names:
@@ -69,3 +83,25 @@ def parse_sizes(items: list[str]) -> dict:
         except (ValueError, SyntaxError):
             out[name] = text
     return out
+
+
+def run_passes(module, args):
+    """Run ``--passes`` or the default pipeline up to ``--after``; print the cost table."""
+    from fusionc.cost.model import cost_table
+    from fusionc.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
+    from fusionc.errors import PassError
+    passes = parse_pipeline(args.passes or DEFAULT_PIPELINE)
+    if args.after:
+        names = [p.name for p in passes]
+        if args.after not in names:
+            raise PassError(f"--after {args.after}: no such pass in the pipeline",
+                            valid=", ".join(names))
+        passes = passes[:names.index(args.after) + 1]
+    module = run_pipeline(module, passes)
+    kernels = [g for g in module.graphs if g.kind == "kernel"]
+    if kernels:
+        table = cost_table(kernels, args.batch, args.kv_len)
+        print(f"// cost on an H200 at batch {args.batch}, KV length {args.kv_len} "
+              "(fusionc.cost.model)")
+        print("\n".join("// " + line for line in table.splitlines()))
+    return module

@@ -16,6 +16,7 @@ class Device:
     name: str
     sms: int
     smem_per_block: int          # opt-in dynamic shared memory per CTA, bytes
+    smem_per_sm: int             # shared memory of one SM usable by CTAs, bytes
     l2_bytes: int
     copy_bandwidth: float        # device-to-device copy, read + write
     # clusters resident at once with one CTA per SM (occupancy query), by cluster size
@@ -43,6 +44,7 @@ H200 = Device(
     name="NVIDIA H200",
     sms=132,
     smem_per_block=227 * 1024,
+    smem_per_sm=228 * 1024,
     l2_bytes=60 * 1024 * 1024,
     copy_bandwidth=4.2e12,
     resident_clusters={1: 132, 2: 66, 4: 30, 8: 15, 16: 7},

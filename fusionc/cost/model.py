@@ -61,7 +61,8 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
         if op.name in ("cluster_reduce", "cluster_gather"):
             n_coll += 1
             coll_s += device.collective_time(size, op.operands[0].type.nbytes(env))
-    resident = device.resident_clusters.get(size, device.sms // size)
+    resident = device.resident_clusters.get(size, device.sms // size) * \
+        ctas_per_sm(k, device)
     waves = math.ceil(grid / resident)
     active = min(grid, resident)
     eff = min(1.0, active * size / (device.saturating_fraction * device.sms))
@@ -70,6 +71,15 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
     est = t_mem + coll_s * waves + device.launch_s
     return KernelCost(k.name, grid, size, grid * size, waves, total.bytes, total.dsm_bytes,
                       total.flops, n_coll, est)
+
+
+def ctas_per_sm(k: Graph, device: Device = H200) -> int:
+    """CTAs of ``k`` one SM can hold: limited by shared memory, by 2048 threads per SM, and by
+    registers (assumed <= 128 per thread until NVRTC reports them: 65536 per SM)."""
+    from fusionc.ir.kernel import smem_bytes
+    threads = k.attr("threads")
+    by_smem = device.smem_per_sm // max(smem_bytes(k), 1)
+    return max(1, min(by_smem, 2048 // threads, 65536 // (128 * threads)))
 
 
 def _ops_with_share(ops, size: int, share: float = None):

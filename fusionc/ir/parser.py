@@ -50,13 +50,14 @@ def parse_module(text: str, filename: str | None = None, verify: bool = True) ->
         raise _syntax_error(e, text, filename) from None
     except (LarkError, RecursionError) as e:  # defensive: lark internals
         raise ParseError(f"cannot parse: {type(e).__name__}", loc=Loc(filename, 1, 1)) from None
+    from fusionc.ir.verifier import verify_module
     try:
         module = _Builder(filename).module(tree)
+        if verify:
+            verify_module(module)
     except RecursionError:
-        raise ParseError("IR nested too deeply", loc=Loc(filename, 1, 1)) from None
-    if verify:
-        from fusionc.ir.verifier import verify_module
-        verify_module(module)
+        raise ParseError("IR nested too deeply", loc=Loc(filename, 1, 1),
+                         valid="fewer levels of nested regions or lists") from None
     return module
 
 

@@ -46,7 +46,10 @@ def verify_graph(g: Graph, module: Module | None = None) -> None:
         raise VerifyError(f"unknown item kind '{g.kind}'", loc=g.loc, valid=", ".join(FUNC_KINDS))
     if not _SYMBOL.match(g.name):
         raise VerifyError(f"bad name @{g.name}", loc=g.loc, valid="letters, digits, _ and .")
-    kind.make_attrs(dict(g.attrs), g.loc)
+    canon = kind.make_attrs(dict(g.attrs), g.loc)
+    if _exact(canon) != _exact(g.attrs):
+        raise VerifyError("attributes not in canonical form (order, defaults, value types)",
+                          op=g.kind, loc=g.loc, valid=_fmt_attrs(kind.attrs, canon))
     defined: set[str] = set()
     scope: dict[str, Value] = {}
     for p in g.params:
@@ -94,7 +97,7 @@ def verify_op(op: Op, where: str = "graph") -> None:
     canon = d.make_attrs(dict(op.attrs), op.loc)
     if _exact(canon) != _exact(op.attrs):
         raise VerifyError("attributes not in canonical form (order, defaults, value types)",
-                          op=op.name, loc=op.loc, valid=_fmt_attrs(d, canon))
+                          op=op.name, loc=op.loc, valid=_fmt_attrs(d.attrs, canon))
     for v in op.operands:
         _check_type(v.type, op)
     try:
@@ -119,8 +122,9 @@ def _exact(v):
     return (type(v), repr(v) if isinstance(v, float) else v)
 
 
-def _fmt_attrs(d, attrs) -> str:
-    return "{" + ", ".join(f"{k} = {d.attr_spec(k).kind.format(v)}" for k, v in attrs) + "}"
+def _fmt_attrs(specs, attrs) -> str:
+    kinds = {a.name: a.kind for a in specs}
+    return "{" + ", ".join(f"{k} = {kinds[k].format(v)}" for k, v in attrs) + "}"
 
 
 def _types(ts) -> str:

@@ -44,7 +44,7 @@ class KernelBuilder:
 
     def fresh(self, hint: str) -> str:
         self._count += 1
-        return f"{hint}{self._count}"
+        return f"{hint}_{self._count}"
 
     def op(self, name: str, *operands: Value, types: list[TensorType] | None = None,
            hint: str = "t", loc: Loc | None = None, **attrs):

@@ -84,3 +84,37 @@ def test_wrong_number_of_regions():
                                                     regions=((),)),), ()),)))
     with pytest.raises(VerifyError, match="0 regions given, 1 expected"):
         parse_module("graph @g(%x: f16[4]) {\n  %y = test_loop(%x) : f16[4]\n  return\n}\n")
+
+
+def _nested(n: int) -> str:
+    body = "".join(f"{'  ' * (i + 1)}%v{i + 1} = test_loop(%v0) : f16[4] ({{\n" for i in range(n))
+    close = "".join(f"{'  ' * (i + 1)}}})\n" for i in reversed(range(n)))
+    return f"graph @g(%v0: f16[4]) {{\n{body}{close}  return %v1\n}}\n"
+
+
+def test_nested_regions_round_trip():
+    text = _nested(40)
+    assert print_module(parse_module(text)) == text
+
+
+@pytest.mark.parametrize("depth", [400, 3000])
+def test_too_deep_nesting_is_a_parse_error(depth):
+    from fusionc.errors import ParseError
+    with pytest.raises(ParseError, match="nested too deeply"):
+        parse_module(_nested(depth))
+
+
+def test_item_attributes_must_be_canonical(monkeypatch):
+    from fusionc.ir.registry import FUNC_KINDS, POS_INT, FuncKind
+    monkeypatch.setitem(FUNC_KINDS, "test_kernel", FuncKind(
+        "test_kernel", (attr("grid", POS_INT), attr("threads", POS_INT, 128))))
+    text = "test_kernel @k {grid = 2} () {\n  return\n}\n"
+    with pytest.raises(Exception, match="'graph' or 'kernel'"):  # the grammar names the kinds
+        parse_module(text)
+    g = Graph("k", (), (), (), "test_kernel", (("grid", 2), ("threads", 128)))
+    verify_module(Module((g,)))
+    for bad, why in [((("grid", 2),), "canonical"), ((("threads", 128), ("grid", 2)), "canonical"),
+                     ((("grid", 2.0), ("threads", 128)), "expected an integer"),
+                     ((("grid", 2), ("threads", 128), ("x", 1)), "unknown attribute 'x'")]:
+        with pytest.raises(VerifyError, match=why):
+            verify_module(Module((g.replace(attrs=bad),)))
