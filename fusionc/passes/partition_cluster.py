@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusionc.cost.model import kernel_cost
-from fusionc.errors import LoweringError
+from fusionc.errors import LoweringError, VerifyError
 from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
+from fusionc.ir.verifier import verify_graph
 from fusionc.lower.attention import lower_attention
 from fusionc.lower.match import AttentionStage
 from fusionc.lower.mlp import lower_mlp
@@ -82,11 +83,14 @@ class PartitionCluster(Pass):
         for cfg in self.configs(st):
             try:
                 k = self.lower(st, name, *cfg)
+                verify_graph(k)  # e.g. shared memory over the limit at this max_batch
                 options.append((kernel_cost(k, self.batch, self.kv_len).est_s, k))
-            except LoweringError as e:
+            except (LoweringError, VerifyError) as e:
                 errors.append(e)
         if not options:
-            raise errors[0]
+            e = errors[0]
+            raise LoweringError(f"no configuration fits: {e.message}", op=e.op or self.name,
+                                loc=st.ops[0].loc, valid=e.valid or "a smaller max_batch")
         return min(options, key=lambda t: t[0])[1]
 
     def configs(self, st):

@@ -24,7 +24,7 @@ def assert_round_trip(m: Module) -> str:
     return text
 
 
-@settings(max_examples=150)
+@settings(max_examples=200)
 @given(modules())
 def test_random_modules_verify_and_round_trip(m):
     verify_module(m)
@@ -114,3 +114,31 @@ def test_comments_crlf_and_blank_lines_are_ignored():
 def test_empty_module():
     assert parse_module("") == Module(())
     assert parse_module(print_module(Module(()))) == Module(())
+
+
+def test_other_item_kinds_plug_in():
+    """A kind registered in ITEM_KINDS (here the tile IR's kernel, without its ops) is built
+    by the same strategies."""
+    from hypothesis import strategies as st
+
+    from fusionc.ir.registry import func_kind
+
+    from .strategies import ITEM_KINDS, ItemKind
+    if func_kind("kernel") is None:
+        pytest.skip("no kernel item kind registered")
+    added = "kernel" not in ITEM_KINDS
+    if added:
+        ITEM_KINDS["kernel"] = ItemKind(
+            attrs=st.fixed_dictionaries({"grid": st.integers(1, 64),
+                                         "cluster": st.sampled_from([1, 2, 4, 8])}),
+            outputs=lambda c: c.params[:1])
+    try:
+        @settings(max_examples=20)
+        @given(modules(kinds=("graph", "kernel"), ops=[]))
+        def check(m):
+            verify_module(m)
+            assert_round_trip(m)
+        check()
+    finally:
+        if added:
+            del ITEM_KINDS["kernel"]

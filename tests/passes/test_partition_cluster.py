@@ -49,7 +49,12 @@ def _attention_graph(c):
 @given(attention_configs())
 def test_attention_block_lowering_matches_interpreter(c):
     m = _attention_graph(c)
-    low = run_pipeline(m, f"partition-cluster{{size={c['size']},scheme={c['scheme']}}}")
+    pipeline = f"partition-cluster{{size={c['size']},scheme={c['scheme']},max_batch={c['batch']}}}"
+    try:
+        low = run_pipeline(m, pipeline)
+    except LoweringError as e:  # e.g. 24 query heads x 256 dims x 8 rows: over 227 KB
+        assert "shared memory per CTA" in str(e), e
+        return
     assert parse_module(print_module(low)) == low
     g = m["attention"]
     args = inputs(g, c["batch"], c["lens"], np.random.default_rng(c["seed"]))

@@ -1,0 +1,106 @@
+"""Benchmark: fused attention block (RMSNorm → QKV → RoPE → KV append → decode attention →
+O projection → residual) — fusionc vs PyTorch eager and torch.compile, each in a CUDA graph, vs
+the HBM floor. Run on the GPU machine:
+
+    python3 benchmarks/attention_block.py [--quick]
+
+Prints a Markdown table (last) for BENCHMARKS.md. Every variant rotates through buffer sets
+totalling >= 3x L2 (benchmarks/common.py).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples"))
+from benchmarks import common, torch_blocks  # noqa: E402
+
+MODELS = {"Llama-2-7B": dict(hidden=4096, heads=32, kv_heads=32, head_dim=128),
+          "Llama-3-8B": dict(hidden=4096, heads=32, kv_heads=8, head_dim=128)}
+
+
+def make_set(m, batch, kv, dtype=torch.float16):
+    """One buffer set: weights, caches (kv tokens valid, the new one at kv - 1), activations."""
+    q, kvd = m["heads"] * m["head_dim"], m["kv_heads"] * m["head_dim"]
+    dev = "cuda"
+    s = lambda *shape: (torch.randn(*shape, device=dev) / math.sqrt(shape[-1])).to(dtype)  # noqa
+    return dict(x=torch.randn(batch, m["hidden"], device=dev).to(dtype),
+                attn_norm=(1 + 0.1 * torch.randn(m["hidden"], device=dev)).to(dtype),
+                w_qkv=s(q + 2 * kvd, m["hidden"]), w_o=s(m["hidden"], q),
+                k_cache=torch.randn(batch, kv, m["kv_heads"], m["head_dim"], device=dev).to(dtype),
+                v_cache=torch.randn(batch, kv, m["kv_heads"], m["head_dim"], device=dev).to(dtype),
+                positions=torch.full((batch,), kv - 1, dtype=torch.int32, device=dev),
+                seq_lens=torch.full((batch,), kv, dtype=torch.int32, device=dev))
+
+
+def floor_bytes(m, batch, kv, itemsize=2):
+    q, kvd = m["heads"] * m["head_dim"], m["kv_heads"] * m["head_dim"]
+    weights = (q + 2 * kvd) * m["hidden"] + m["hidden"] * q
+    cache = 2 * batch * kv * kvd
+    act = 2 * batch * m["hidden"] + 2 * batch * kvd  # x in, out, new k/v written
+    return (weights + cache + act) * itemsize
+
+
+def run_point(name, m, batch, kv, bw, fusionc_fn):
+    nbytes = floor_bytes(m, batch, kv)
+    sets = [make_set(m, batch, kv) for _ in range(common.sets_needed(nbytes))]
+    kw = dict(heads=m["heads"], kv_heads=m["kv_heads"], head_dim=m["head_dim"], eps=1e-5,
+              theta=10000.0)
+    eager = lambda s: torch_blocks.attention_block(  # noqa: E731
+        s["x"], s["attn_norm"], s["w_qkv"], s["w_o"], s["k_cache"], s["v_cache"],
+        s["positions"], kv, **kw)
+    compiled = torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False)
+    row = dict(model=name, batch=batch, kv=kv, floor_us=nbytes / bw * 1e6)
+    row["eager_us"] = common.time_graph([lambda s=s: eager(s) for s in sets]) * 1e6
+    row["compile_us"] = common.time_graph([lambda s=s: compiled(s) for s in sets]) * 1e6
+    if fusionc_fn is not None:
+        ref = eager({k: v.clone() for k, v in sets[0].items()})
+        got = fusionc_fn(**{k: v.clone() for k, v in sets[0].items()})[0]
+        row["err"] = f"{common.rel_err(got, ref):.1e}"
+        row["fusionc_us"] = common.time_graph([lambda s=s: fusionc_fn(**s) for s in sets]) * 1e6
+        row["eff_%"] = 100 * row["floor_us"] / row["fusionc_us"]
+        row["vs_compile"] = f"{row['compile_us'] / row['fusionc_us']:.2f}x"
+    return row
+
+
+def fusionc_attention(m, batch, kv):
+    """fusionc.compile of the example's attention graph, or None when unavailable."""
+    try:
+        import fusionc
+        import llama2_7b
+    except ImportError as e:  # pragma: no cover
+        print("fusionc unavailable:", e)
+        return None
+    mod = llama2_7b.attention_block(hidden=m["hidden"], heads=m["heads"],
+                                    kv_heads=m["kv_heads"], head_dim=m["head_dim"],
+                                    max_seq=kv, eps=1e-5, theta=10000.0, dtype="f16")
+    return fusionc.compile(mod, max_batch=batch, kv_len=kv)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="a few points only")
+    ap.add_argument("--no-fusionc", action="store_true", help="baselines only")
+    args = ap.parse_args()
+    bw = common.copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}")
+    points = [(n, b, kv) for n in MODELS for b in (1, 4, 16) for kv in (1024, 4096, 16384)]
+    if args.quick:
+        points = [("Llama-2-7B", 1, 4096), ("Llama-3-8B", 1, 4096)]
+    rows = []
+    for name, b, kv in points:
+        fn = None if args.no_fusionc else fusionc_attention(MODELS[name], b, kv)
+        rows.append(run_point(name, MODELS[name], b, kv, bw, fn))
+        print(rows[-1], flush=True)
+    print(common.table(rows, ["model", "batch", "kv", "fusionc_us", "eager_us", "compile_us",
+                              "floor_us", "eff_%", "vs_compile", "err"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Shared benchmark machinery (GPU only): copy bandwidth, CUDA-graph timing over rotating buffer
+sets, and the result table.
+
+Method (DESIGN §6.5, METHOD.md): every variant is captured in one CUDA graph that calls it once
+on each of N distinct buffer sets (weights, KV caches, activations) whose total is at least 3× the
+60 MB L2, so no variant runs out of cache; the graph is replayed many times and the median replay
+time divided by N is the time per call. The HBM floor is the bytes that must move (weights and the
+valid KV read once, activations) over the device-to-device copy bandwidth measured in the same run.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+L2_BYTES = 60 * 1024 * 1024
+
+
+def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    a = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    a.random_(0, 255)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * a.numel() / statistics.median(times)
+
+
+def sets_needed(set_bytes: int) -> int:
+    """Buffer sets to rotate through so that together they exceed 3× L2 (at least 2)."""
+    return max(2, math.ceil(3 * L2_BYTES / max(set_bytes, 1)))
+
+
+def time_graph(calls: list, warmup: int = 3, reps: int = 30) -> float:
+    """Seconds per call: capture ``calls`` (zero-argument callables, one per buffer set) in one
+    CUDA graph, replay it ``reps`` times after ``warmup``, median replay time / len(calls)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls:  # warm up outside capture (autotuning, lazy init)
+            c()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    for _ in range(warmup):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return statistics.median(times) / len(calls)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (NaN stays NaN)."""
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm())
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    """A Markdown table of ``rows`` (dicts) with columns ``cols``."""
+    def fmt(v):
+        return f"{v:.1f}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""Benchmark: fused SwiGLU MLP block (RMSNorm → gate/up → SiLU·mul → down → residual) —
+fusionc vs PyTorch eager and torch.compile, each in a CUDA graph, vs the HBM floor:
+
+    python3 benchmarks/mlp_block.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples"))
+from benchmarks import common, torch_blocks  # noqa: E402
+
+MODELS = {"Llama-2-7B": dict(hidden=4096, intermediate=11008),
+          "Llama-3-8B": dict(hidden=4096, intermediate=14336)}
+
+
+def make_set(m, batch, dtype=torch.float16):
+    dev = "cuda"
+    s = lambda *shape: (torch.randn(*shape, device=dev) / math.sqrt(shape[-1])).to(dtype)  # noqa
+    return dict(x=torch.randn(batch, m["hidden"], device=dev).to(dtype),
+                mlp_norm=(1 + 0.1 * torch.randn(m["hidden"], device=dev)).to(dtype),
+                w_gate_up=s(2 * m["intermediate"], m["hidden"]),
+                w_down=s(m["hidden"], m["intermediate"]))
+
+
+def floor_bytes(m, batch, itemsize=2):
+    return (3 * m["hidden"] * m["intermediate"] + 2 * batch * m["hidden"]) * itemsize
+
+
+def fusionc_mlp(m, batch):
+    try:
+        import fusionc
+        import llama2_7b
+    except ImportError as e:  # pragma: no cover
+        print("fusionc unavailable:", e)
+        return None
+    mod = llama2_7b.mlp_block(hidden=m["hidden"], intermediate=m["intermediate"], eps=1e-5,
+                              dtype="f16")
+    return fusionc.compile(mod, max_batch=batch)
+
+
+def run_point(name, m, batch, bw, fn):
+    nbytes = floor_bytes(m, batch)
+    sets = [make_set(m, batch) for _ in range(common.sets_needed(nbytes))]
+    eager = lambda s: torch_blocks.mlp_block(s["x"], s["mlp_norm"], s["w_gate_up"],  # noqa
+                                             s["w_down"], eps=1e-5)
+    compiled = torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False)
+    row = dict(model=name, batch=batch, floor_us=nbytes / bw * 1e6)
+    row["eager_us"] = common.time_graph([lambda s=s: eager(s) for s in sets]) * 1e6
+    row["compile_us"] = common.time_graph([lambda s=s: compiled(s) for s in sets]) * 1e6
+    if fn is not None:
+        row["err"] = f"{common.rel_err(fn(**sets[0])[0], eager(sets[0])):.1e}"
+        row["fusionc_us"] = common.time_graph([lambda s=s: fn(**s) for s in sets]) * 1e6
+        row["eff_%"] = 100 * row["floor_us"] / row["fusionc_us"]
+        row["vs_compile"] = f"{row['compile_us'] / row['fusionc_us']:.2f}x"
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-fusionc", action="store_true")
+    args = ap.parse_args()
+    bw = common.copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}")
+    batches = (1,) if args.quick else (1, 4, 16)
+    rows = []
+    for name in MODELS:
+        for b in batches:
+            fn = None if args.no_fusionc else fusionc_mlp(MODELS[name], b)
+            rows.append(run_point(name, MODELS[name], b, bw, fn))
+            print(rows[-1], flush=True)
+    print(common.table(rows, ["model", "batch", "fusionc_us", "eager_us", "compile_us",
+                              "floor_us", "eff_%", "vs_compile", "err"]))
+
+
+if __name__ == "__main__":
+    main()
