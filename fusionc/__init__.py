@@ -5,8 +5,9 @@ explicit cluster collectives (ClusterReduce, ClusterGather over distributed shar
 into single kernels, emitted as CUDA through Jinja templates and compiled with NVRTC.
 See DESIGN.md (shared) and README.md.
 
-The DSL (``fusionc.graph``, ``fusionc.linear``, ``fusionc.f16``, ...) and the interpreter
-(``fusionc.interpret``) are imported on first use, so that ``import fusionc`` stays fast.
+The DSL (``fusionc.graph``, ``fusionc.linear``, ``fusionc.f16``, ...), the interpreter
+(``fusionc.interpret``), the simulator (``fusionc.simulate``) and the GPU compiler
+(``fusionc.compile``) are imported on first use, so that ``import fusionc`` stays fast.
 """
 __version__ = "0.1.0"
 
@@ -27,8 +28,14 @@ def __getattr__(name):
     if name == "interpret":
         from fusionc.interp.interpreter import interpret
         return interpret
+    if name == "compile":
+        from fusionc.runtime.compiled import compile
+        return compile
+    if name == "simulate":
+        from fusionc.sim import simulate
+        return simulate
     raise AttributeError(f"module 'fusionc' has no attribute '{name}'")
 
 
 def __dir__():
-    return sorted(set(globals()) | _DSL_NAMES | {"interpret"})
+    return sorted(set(globals()) | _DSL_NAMES | {"interpret", "compile", "simulate"})

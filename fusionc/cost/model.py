@@ -44,8 +44,10 @@ class KernelCost:
               f" {'DSM KB':>9} {'GFLOP':>8} {'coll':>5} {'est µs':>8}")
 
 
-def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H200) -> KernelCost:
-    """Cost of kernel ``k`` at ``batch`` rows and ``kv_len`` cached tokens."""
+def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H200,
+                smem: int | None = None) -> KernelCost:
+    """Cost of kernel ``k`` at ``batch`` rows and ``kv_len`` cached tokens; ``smem`` is the
+    shared memory per CTA when known (from code generation), for the occupancy."""
     grid, size = k.attr("grid"), k.attr("cluster")
     env = {"C": size, "S": kv_len, **{d: batch for p in k.params for d in p.type.shape
                                        if isinstance(d, str)}}
@@ -62,7 +64,7 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
             n_coll += 1
             coll_s += device.collective_time(size, op.operands[0].type.nbytes(env))
     resident = device.resident_clusters.get(size, device.sms // size) * \
-        ctas_per_sm(k, device)
+        ctas_per_sm(k, device, smem)
     waves = math.ceil(grid / resident)
     active = min(grid, resident)
     eff = min(1.0, active * size / (device.saturating_fraction * device.sms))
@@ -73,12 +75,12 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
                       total.flops, n_coll, est)
 
 
-def ctas_per_sm(k: Graph, device: Device = H200) -> int:
+def ctas_per_sm(k: Graph, device: Device = H200, smem: int | None = None) -> int:
     """CTAs of ``k`` one SM can hold: limited by shared memory, by 2048 threads per SM, and by
     registers (assumed <= 128 per thread until NVRTC reports them: 65536 per SM)."""
     from fusionc.ir.kernel import smem_bytes
     threads = k.attr("threads")
-    by_smem = device.smem_per_sm // max(smem_bytes(k), 1)
+    by_smem = device.smem_per_sm // max(smem if smem is not None else smem_bytes(k), 1)
     return max(1, min(by_smem, 2048 // threads, 65536 // (128 * threads)))
 
 

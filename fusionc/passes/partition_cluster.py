@@ -1,5 +1,8 @@
 """Pass ``partition-cluster``: lower attention and MLP blocks of graph IR to cluster kernels.
 
+Configurations are enumerated, lowered, and kept only if code generation can realize them
+(shared memory as actually laid out); the cost model picks the cheapest.
+
 Every attention block (found from its ``decode_attention``) and SwiGLU MLP block (from its
 ``silu_mul``) of each graph becomes one tile-IR ``kernel`` item (see :mod:`fusionc.lower`), and
 the block's ops in the graph are replaced by one ``launch`` whose results take the names of the
@@ -17,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusionc.cost.model import kernel_cost
-from fusionc.errors import LoweringError, VerifyError
+from fusionc.codegen.generate import generate_cuda
+from fusionc.errors import CompileError, LoweringError, VerifyError
 from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.verifier import verify_graph
@@ -84,8 +88,9 @@ class PartitionCluster(Pass):
             try:
                 k = self.lower(st, name, *cfg)
                 verify_graph(k)  # e.g. shared memory over the limit at this max_batch
-                options.append((kernel_cost(k, self.batch, self.kv_len).est_s, k))
-            except (LoweringError, VerifyError) as e:
+                smem = generate_cuda(k).smem_bytes  # what codegen really allocates
+                options.append((kernel_cost(k, self.batch, self.kv_len, smem=smem).est_s, k))
+            except (LoweringError, VerifyError, CompileError) as e:
                 errors.append(e)
         if not options:
             e = errors[0]

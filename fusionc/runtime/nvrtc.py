@@ -14,15 +14,25 @@ import pathlib
 import re
 from dataclasses import dataclass, field
 
+from fusionc.errors import CompileError
+
 DEFAULT_OPTIONS: tuple[str, ...] = ("-std=c++17", "-Xptxas=-v", "-lineinfo")
 
 
-class NVRTCError(Exception):
-    """NVRTC could not compile a program (the message holds NVRTC's log) or is unusable."""
+class NVRTCError(CompileError):
+    """NVRTC could not compile a program (the message holds NVRTC's log) or is unusable.
 
-    def __init__(self, message: str, log: str = "") -> None:
-        super().__init__(message)
+    A :class:`fusionc.errors.CompileError`, so the command line prints it as one error.
+    """
+
+    def __init__(self, message: str, log: str = "", **where) -> None:
+        super().__init__(message, **where)
         self.log = log
+
+    def with_loc(self, loc):  # keep the log when a location is added
+        out = super().with_loc(loc)
+        out.log = self.log
+        return out
 
 
 @dataclass(frozen=True)

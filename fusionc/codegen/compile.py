@@ -1,0 +1,63 @@
+"""Compile generated CUDA to an sm_90a cubin with NVRTC (no GPU needed), through the cache."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusionc.codegen.context import CodegenOptions
+from fusionc.codegen.generate import generate_cuda
+from fusionc.codegen.source import KernelSource
+from fusionc.ir.nodes import Graph
+from fusionc.runtime import cache
+from fusionc.runtime.nvrtc import KernelStats, compile_cubin
+
+ARCH = "sm_90a"
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A generated kernel and its cubin, with ptxas statistics of its entry function."""
+
+    source: KernelSource
+    cubin: bytes
+    stats: KernelStats
+    log: str
+    cached: bool = False
+
+    @property
+    def registers(self) -> int:
+        return self.stats.registers
+
+    @property
+    def spills(self) -> int:
+        """Spill stores + loads in bytes (0 for a healthy kernel)."""
+        return self.stats.spills
+
+    @property
+    def smem_bytes(self) -> int:
+        """Static + dynamic shared memory per CTA."""
+        return self.stats.smem + self.source.smem_bytes
+
+    def report(self) -> str:
+        """One line: grid, cluster, threads, registers, shared memory, spills."""
+        s = self.source
+        return (f"{s.name}: grid {s.grid} x cluster {s.cluster}, {s.threads} threads, "
+                f"{self.registers} registers, {self.smem_bytes} B shared memory, "
+                f"{self.stats.stack} B stack, {self.spills} B spills")
+
+
+def compile_kernel(kernel: Graph | KernelSource, options: CodegenOptions | None = None,
+                   use_cache: bool = True) -> CompiledKernel:
+    """Generate (if given a kernel) and compile to an sm_90a cubin.
+
+    Raises:
+        CompileError: code generation rejected the kernel, or NVRTC failed
+            (``fusionc.runtime.nvrtc.NVRTCError``, a CompileError, with NVRTC's log).
+    """
+    src = kernel if isinstance(kernel, KernelSource) else generate_cuda(kernel, options)
+    name = f"{src.name}.cu"
+    if use_cache:
+        result, cached = cache.compile_cached(src.source, ARCH, name=name)
+    else:
+        result, cached = compile_cubin(src.source, name=name, arch=ARCH), False
+    stats = result.kernels.get(src.name, KernelStats(src.name))
+    return CompiledKernel(src, result.cubin, stats, result.log, cached)

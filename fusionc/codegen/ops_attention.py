@@ -1,0 +1,100 @@
+"""Emitters of the attention tile ops: attn_partial, attn_rescale, attn_finish, kv_append.
+
+attn_partial streams K and V rows with 16-byte ``cp.async`` copies, so a cache row must be a
+whole number of 16-byte vectors: head_dim x itemsize % 16 == 0 (head_dim 64, 72, 80, 96, 128,
+256 in f16/bf16 and multiples of 4 in f32); other head dims are rejected before NVRTC.
+"""
+from __future__ import annotations
+
+from fusionc.codegen import cnames
+from fusionc.codegen.emitters import emitter
+from fusionc.errors import CompileError
+
+STAGE_BUDGET = 64 * 1024  # bytes of K/V staging (two stages of K and V) per CTA
+
+
+def attn_tile(op) -> int:
+    """Tokens per staged tile: the largest of 64, 32, 16, 8 whose staging fits the budget."""
+    d = op.operands[0].type.shape[2]
+    isz = op.operands[1].type.dtype.itemsize
+    for tt in (64, 32, 16, 8):
+        if 4 * tt * (d * isz + 16) <= STAGE_BUDGET:
+            return tt
+    return 8
+
+
+def attn_scratch(op, kernel) -> int:
+    """Bytes of shared memory attn_partial uses (mirrors FcAttnSmem in lib/attention)."""
+    g, d = op.operands[0].type.shape[1:]
+    isz = op.operands[1].type.dtype.itemsize
+    tt = attn_tile(op)
+    dp = d + 16 // isz
+    return 2 * (2 * tt * dp * isz) + (g * tt + 3 * g) * 4
+
+
+def check_partial(op, kernel) -> None:
+    q, kc = op.operands[0].type, op.operands[1].type
+    b, g, d = q.shape
+    isz = kc.dtype.itemsize
+    if not (isinstance(g, int) and isinstance(d, int)) or not all(
+            isinstance(n, int) for n in kc.shape[1:]):
+        raise CompileError(f"q {q}, cache {kc}: symbolic heads, head_dim or cache length",
+                           op=op.name, loc=op.loc, valid="static G, head_dim, max_seq, kv_heads")
+    if (d * isz) % 16:
+        raise CompileError(
+            f"head_dim {d} of a {kc.dtype} cache is {d * isz} bytes per row, not a multiple of "
+            "the 16-byte vector width of the K/V stream", op=op.name, loc=op.loc,
+            valid=f"head_dim a multiple of {16 // isz} for {kc.dtype}")
+    if g > kernel.attr("threads"):
+        raise CompileError(f"{g} query heads per KV head with {kernel.attr('threads')} threads",
+                           op=op.name, loc=op.loc, valid="at most one query head per thread")
+    if q.dtype.value not in ("f16", "bf16", "f32") or kc.dtype.value not in ("f16", "bf16",
+                                                                             "f32"):
+        raise CompileError(f"q {q.dtype}, cache {kc.dtype}", op=op.name, loc=op.loc,
+                           valid="f16, bf16 or f32")
+
+
+@emitter("attn_partial", scratch=attn_scratch, check=check_partial)
+def emit_attn_partial(op, ctx) -> str:
+    q, kc, vc, lens, pos, kn, vn = (ctx.ref(v) for v in op.operands)
+    m, l, o = (ctx.ref(r) for r in op.results)
+    ctx.need("attention")
+    _, s, h, d = kc.shape
+    return ctx.render(
+        "ops/attn_partial.cu.j2", G=q.shape[1], D=d, TT=attn_tile(op), tc=kc.ctype,
+        scratch_bytes=attn_scratch(op, ctx.kernel), q=q.ptr, kc=kc.ptr, vc=vc.ptr, S=s, H=h,
+        lens=lens.ptr, pos=pos.ptr, kn=kn.ptr, vn=vn.ptr, B=cnames.dim(q.shape[0]),
+        head=cnames.affine(op.attr("kv_head")), part=cnames.affine(op.attr("part")),
+        parts=op.attr("parts"), tile=op.attr("tile"), scale=cnames.f32_literal(op.attr("scale")),
+        m=m.ptr, l=l.ptr, o=o.ptr, scratch=ctx.scratch(op))
+
+
+@emitter("attn_rescale")
+def emit_attn_rescale(op, ctx) -> str:
+    m, l, o, mm = (ctx.ref(v) for v in op.operands)
+    out = ctx.ref(op.result)
+    return ctx.render("ops/attn_rescale.cu.j2", n=out.numel, D=o.shape[2], m=m.ptr, mm=mm.ptr,
+                      l=l.ptr, o=o.ptr, out=out.ptr)
+
+
+@emitter("attn_finish")
+def emit_attn_finish(op, ctx) -> str:
+    lo, out = ctx.ref(op.operands[0]), ctx.ref(op.result)
+    return ctx.render("ops/attn_finish.cu.j2", n=out.numel, D=out.shape[2], lo=lo.ptr,
+                      out=out.ptr)
+
+
+def check_append(op, kernel) -> None:
+    c = op.operands[0].type
+    if not all(isinstance(n, int) for n in c.shape[1:]):
+        raise CompileError(f"cache {c} with symbolic sizes past the batch", op=op.name,
+                           loc=op.loc, valid="static max_seq, kv_heads, head_dim")
+
+
+@emitter("kv_append", writes_operands=(0,), check=check_append)
+def emit_kv_append(op, ctx) -> str:
+    cache, x, pos = (ctx.ref(v) for v in op.operands)
+    _, s, h, d = cache.shape
+    return ctx.render("ops/kv_append.cu.j2", head=cnames.affine(op.attr("kv_head")),
+                      n=x.numel, D=d, S=s, H=h, pos=pos.ptr, cache=cache.ptr, x=x.ptr,
+                      ct=cache.ctype)

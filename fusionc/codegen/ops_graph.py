@@ -1,0 +1,93 @@
+"""Emitters of graph-IR ops allowed inside kernels, with their interpreter rules
+(``fusionc/ir/ops/{elementwise,norm,rope,shape}.py``) as semantics: add, mul, silu, silu_mul,
+cast, rms_norm, rope, reshape (a view: no code), split and concat (copies).
+Arithmetic in fp32, each result rounded to its dtype as the interpreter does."""
+from __future__ import annotations
+
+import numpy as np
+
+from fusionc.codegen import cnames
+from fusionc.codegen.emitters import emitter
+from fusionc.errors import CompileError
+
+_ELEMENTWISE = {
+    "add": ("a + b", "a + b"),
+    "mul": ("a * b", "a * b"),
+    "silu": ("x / (1 + exp(-x))", "a / (1.0f + expf(-a))"),
+    "silu_mul": ("silu(gate) * up", "(a / (1.0f + expf(-a))) * b"),
+    "cast": ("x", "a"),
+}
+
+
+def _emit_elementwise(op, ctx) -> str:
+    formula, expr = _ELEMENTWISE[op.name]
+    out = ctx.ref(op.result)
+    args = [(n, ctx.ref(v).ptr) for n, v in zip("ab", op.operands)]
+    if op.name == "cast" and out.dtype == ctx.ref(op.operands[0]).dtype:
+        expr = "a"
+    return ctx.render("ops/elementwise.cu.j2", formula=formula, n=out.numel, args=args,
+                      out=out.ptr, ot=out.ctype, expr=expr)
+
+
+for _name in _ELEMENTWISE:
+    emitter(_name)(_emit_elementwise)
+
+
+@emitter("rms_norm")
+def emit_rms_norm(op, ctx) -> str:
+    x, w = (ctx.ref(v) for v in op.operands)
+    out = ctx.ref(op.result)
+    n = x.shape[-1]
+    return ctx.render("ops/rms_norm.cu.j2", N=cnames.dim(n), Nf=f"(float){cnames.dim(n)}",
+                      rows=cnames.product(x.shape[:-1]), x=x.ptr, xt=x.ctype, w=w.ptr,
+                      out=out.ptr, ot=out.ctype, eps=cnames.f32_literal(op.attr("eps")))
+
+
+def inv_freq(theta: float, rotary_dim: int) -> list[float]:
+    """theta^(-2i/rotary_dim) in float64, rounded to fp32 (as the interpreter)."""
+    i = np.arange(rotary_dim // 2)
+    return [float(v) for v in (theta ** (-2.0 * i / rotary_dim)).astype(np.float32)]
+
+
+@emitter("rope")
+def emit_rope(op, ctx) -> str:
+    x, pos = (ctx.ref(v) for v in op.operands)
+    out = ctx.ref(op.result)
+    r = op.attr("rotary_dim")
+    table = ctx.uid("fc_inv_freq")
+    vals = ", ".join(cnames.f32_literal(v) for v in inv_freq(op.attr("theta"), r))
+    ctx.decls.append(f"__device__ const float {table}[{r // 2}] = {{{vals}}};  // rope at {op.loc}")
+    return ctx.render("ops/rope.cu.j2", style=op.attr("style"), R=r, D=x.shape[2],
+                      heads=cnames.dim(x.shape[1]), n=out.numel, x=x.ptr, xt=x.ctype,
+                      pos=pos.ptr, table=table, out=out.ptr, ot=out.ctype)
+
+
+@emitter("reshape", view=True)
+def emit_reshape(op, ctx) -> str:  # never called: views have no code
+    return ""
+
+
+def _pieces(op, ctx, whole, parts, split: bool) -> str:
+    axis = op.attr("axis") % len(whole.shape)
+    total = whole.shape[axis]
+    if not isinstance(total, int) or not all(isinstance(p.shape[axis], int) for p in parts):
+        raise CompileError(f"{op.name} along a symbolic axis", op=op.name, loc=op.loc,
+                           valid="a static axis")
+    pieces, start = [], 0
+    for p in parts:
+        pieces.append((p.ptr, p.shape[axis], start))
+        start += p.shape[axis]
+    return ctx.render("ops/slices.cu.j2", what=op.name, outer=cnames.product(whole.shape[:axis]),
+                      inner=cnames.product(whole.shape[axis + 1:]), total=total, pieces=pieces,
+                      whole=whole.ptr, split=split,
+                      ct=(parts[0] if split else whole).ctype)
+
+
+@emitter("split")
+def emit_split(op, ctx) -> str:
+    return _pieces(op, ctx, ctx.ref(op.operands[0]), [ctx.ref(r) for r in op.results], True)
+
+
+@emitter("concat")
+def emit_concat(op, ctx) -> str:
+    return _pieces(op, ctx, ctx.ref(op.result), [ctx.ref(v) for v in op.operands], False)

@@ -1,0 +1,41 @@
+"""Emitter of grid_reduce: the deterministic cross-CTA reduction (templates/ops/grid_reduce).
+
+The last CTA to arrive takes ``init`` (every contributor passes the same values, e.g. the
+residual) from its own copy."""
+from __future__ import annotations
+
+from fusionc.codegen import cnames, tiles
+from fusionc.codegen.emitters import emitter
+from fusionc.codegen.grid_plan import plan_grid_reduce
+
+
+def _table(name: str, values) -> str:
+    body = ", ".join(str(v) for v in values) or "0"
+    return f"__device__ const int {name}[] = {{{body}}};"
+
+
+@emitter("grid_reduce", writes_operands=(0,), scratch=lambda op, k: 16,
+         check=lambda op, k: plan_grid_reduce(k, op))
+def emit_grid_reduce(op, ctx) -> str:
+    dst, t = ctx.ref(op.operands[0]), ctx.ref(op.operands[1])
+    init = f"fc_f32({ctx.ref(op.operands[2]).ptr}[i])" if len(op.operands) > 2 else "0.f"
+    plan = plan_grid_reduce(ctx.kernel, op)
+    tab = ctx.uid("fc_gr")
+    first = [0]
+    for m in plan.members:
+        first.append(first[-1] + len(m))
+    ctx.decls += [f"// grid_reduce at {op.loc}: {len(plan.members)} output window(s)",
+                  _table(f"{tab}_window", plan.window), _table(f"{tab}_first", first),
+                  _table(f"{tab}_members", [g for m in plan.members for g in m])]
+    slot = t.max_numel(ctx.max_batch)
+    ws_base, ctr_base = ctx.workspace.floats, ctx.workspace.counters
+    ctx.workspace.floats += slot * ctx.grid * ctx.cluster
+    ctx.workspace.counters += len(plan.members)
+    unflat, coords = tiles.unflatten("i", tiles.shape_c(t.shape), "t")
+    g = [f"(o{k} + {c})" for k, c in enumerate(coords)]
+    return ctx.render(
+        "ops/grid_reduce.cu.j2", ws_base=ws_base, slot=slot, tab=tab, n=t.numel, src=t.ptr,
+        scratch=ctx.scratch(op), ctr_base=ctr_base, offs=[cnames.affine(a) for a in
+                                                          op.attr("offsets")],
+        unflat=unflat, dst=dst.ptr, goff=tiles.linear(g, tiles.shape_c(dst.shape)),
+        dt=dst.ctype, init=init)

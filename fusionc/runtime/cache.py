@@ -1,0 +1,83 @@
+"""On-disk cache of compiled cubins, keyed by everything that determines the binary.
+
+Key: SHA-256 of (source, arch, NVRTC options, NVRTC version, fusionc version) — computable
+without a GPU, so cubins built on a CPU machine can be carried to a GPU machine.
+Folder: ``$FUSIONC_CACHE_DIR`` if set (``off`` disables caching), else ``~/.cache/fusionc``.
+An entry is ``<key>.cubin`` plus ``<key>.json`` (ptxas log and the cubin's SHA-256). Files are
+written to ``*.tmp`` names and renamed into place, so several processes filling an empty cache
+at once never read a partial file; an entry that fails its checksum or does not parse is
+compiled again and overwritten.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+
+from fusionc.runtime.nvrtc import CompileResult, compile_cubin, nvrtc_version, parse_ptxas_log
+
+
+def cache_dir() -> pathlib.Path | None:
+    """The cache folder, or None when caching is off."""
+    env = os.environ.get("FUSIONC_CACHE_DIR")
+    if env is not None and env.strip().lower() in ("", "0", "off", "none"):
+        return None
+    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "fusionc"
+
+
+def cache_key(source: str, arch: str = "sm_90a", options: tuple[str, ...] = ()) -> str:
+    """Hex digest identifying one compilation (NVRTC and fusionc versions included)."""
+    import fusionc
+    blob = json.dumps([source, arch, list(options), list(nvrtc_version()), fusionc.__version__])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _load(d: pathlib.Path, key: str, options) -> CompileResult | None:
+    try:
+        meta = json.loads((d / f"{key}.json").read_text())
+        cubin = (d / f"{key}.cubin").read_bytes()
+        if hashlib.sha256(cubin).hexdigest() != meta["sha256"]:
+            return None
+        log = meta["log"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return CompileResult(cubin=cubin, log=log, kernels=parse_ptxas_log(log),
+                         options=tuple(meta.get("options", options)))
+
+
+def _write(path: pathlib.Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def compile_cached(source: str, arch: str = "sm_90a", options: tuple[str, ...] = (),
+                   name: str = "kernel.cu") -> tuple[CompileResult, bool]:
+    """``compile_cubin`` through the cache: (result, whether it was a cache hit).
+
+    Raises NVRTCError (a CompileError) when NVRTC fails; an unwritable cache is skipped.
+    """
+    d = cache_dir()
+    key = cache_key(source, arch, options)
+    if d is not None:
+        hit = _load(d, key, options)
+        if hit is not None:
+            return hit, True
+    result = compile_cubin(source, name=name, arch=arch, options=options)
+    if d is not None:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            _write(d / f"{key}.cubin", result.cubin)
+            meta = {"log": result.log, "sha256": hashlib.sha256(result.cubin).hexdigest(),
+                    "options": list(result.options), "arch": arch}
+            _write(d / f"{key}.json", json.dumps(meta).encode())
+        except OSError:
+            pass
+    return result, False

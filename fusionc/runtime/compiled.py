@@ -1,0 +1,139 @@
+"""``fusionc.compile``: a graph in, a GPU callable out.
+
+Contract (DESIGN §5): sizes, dtypes, cluster size and tiles are fixed at compile time; KV lengths,
+positions, ``seq_lens`` and cache pointers are run-time arguments; the batch is bucketed — a
+callable compiled for ``max_batch = 8`` serves every batch of 1..8 with the same kernels, so one
+decode-step CUDA graph can be replayed without recompiling. Kernels launch on the caller's current
+stream (PyTorch's when the arguments are torch tensors, else CuPy's) and are capturable in a CUDA
+graph. KV caches are updated in place; other outputs are allocated like the inputs unless given.
+"""
+from __future__ import annotations
+
+from fusionc.errors import CompileError, InputError
+from fusionc.ir.nodes import Graph, Module
+from fusionc.runtime import arrays
+
+
+def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: int = 0,
+            scheme: str = "auto", kv_len: int = 4096, pipeline: str | None = None,
+            progress=None) -> "CompiledGraph":
+    """Lower, fuse, generate and compile ``program`` for the GPU.
+
+    Args:
+        program: a Module (one graph, or pick it with ``graph``) or a DSL-traced module.
+        max_batch: the batch bucket: the largest batch the kernels accept.
+        cluster: cluster size 1, 2, 4, 8 or 16; 0 lets the cost model choose.
+        scheme: attention QKV scheme (``splitk``, ``splitn``, ``auto``).
+        kv_len: the KV length the cost model plans for (any length runs).
+        pipeline: a pipeline string overriding the default built from these options.
+        progress: a callable(str) told about each kernel as it compiles (e.g. tqdm.write).
+    Returns:
+        A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
+    Raises:
+        PassError, LoweringError: the graph cannot be lowered with these options.
+        CompileError: code generation or NVRTC failed.
+    """
+    from fusionc.codegen.compile import compile_kernel
+    from fusionc.passes import run_pipeline
+    module = program if isinstance(program, Module) else Module((program,))
+    name = _pick(module, graph)
+    pipeline = pipeline or (f"partition-cluster{{size={cluster},scheme={scheme},"
+                            f"batch={max_batch},kv_len={kv_len},max_batch={max_batch}}},fuse")
+    lowered = run_pipeline(Module((module[name],)), pipeline)
+    host = lowered[name]
+    for op in host.body:
+        if op.name != "launch":
+            raise CompileError("op is not part of a fused kernel; the GPU runtime runs only "
+                               "launches", op=op.name, loc=op.loc,
+                               valid="attention and MLP blocks (other ops: later passes)")
+    kernels = {}
+    for g in lowered.graphs:
+        if g.kind == "kernel":
+            if progress:
+                progress(f"compiling {g.name}")
+            kernels[g.name] = compile_kernel(g)
+    return CompiledGraph(lowered, host, kernels, max_batch)
+
+
+def _pick(module: Module, graph: str | None) -> str:
+    graphs = [g.name for g in module.graphs if g.kind == "graph"]
+    if graph is None and len(graphs) == 1:
+        return graphs[0]
+    if graph in graphs:
+        return graph
+    raise InputError(f"which graph? {'no graph ' + repr(graph) if graph else 'several'}",
+                     valid="graph= one of " + ", ".join(graphs))
+
+
+class CompiledGraph:
+    """A compiled graph: call it with the graph's inputs (by name or in order); returns the
+    graph's outputs in order (torch tensors for torch inputs, else CuPy arrays)."""
+
+    def __init__(self, module: Module, host: Graph, kernels: dict, max_batch: int):
+        self.module, self.host, self.kernels, self.max_batch = module, host, kernels, max_batch
+        self._loaded = {}
+
+    @property
+    def params(self) -> list[str]:
+        return [p.name for p in self.host.params]
+
+    def report(self) -> str:
+        """Per kernel: grid, cluster, threads, registers, shared memory, spills."""
+        return "\n".join(k.report() for k in self.kernels.values())
+
+    def __call__(self, *args, outputs: dict | None = None, **kwargs):
+        from fusionc.runtime.launch import LoadedKernel
+        given = self._named(args, kwargs)
+        torch_mode = any(arrays.is_torch(x) for x in given.values())
+        arrays.require_gpu()
+        views = {p.name: arrays.as_cupy(given[p.name], p, self.host.name)
+                 for p in self.host.params}
+        env = arrays.bind(self.host.params, views, self.host.name)
+        for sym, n in env.items():
+            if n > self.max_batch:
+                raise InputError(f"{sym} = {n} exceeds the compiled batch bucket",
+                                 op=self.host.name, valid=f"{sym} <= max_batch = "
+                                 f"{self.max_batch}; compile with a larger max_batch")
+        objs = dict(given)
+        stream = arrays.current_stream(torch_mode)
+        for op in self.host.body:
+            k = self.module[op.attr("kernel").name]
+            if k.name not in self._loaded:
+                self._loaded[k.name] = LoadedKernel(self.kernels[k.name])
+            tensors = {p.name: views[a.name] for p, a in zip(k.params, op.operands)}
+            result_of = {v.name: r for v, r in zip(k.outputs, op.results)}
+            for p in k.params[len(op.operands):]:  # pure outputs
+                r = result_of[p.name]
+                objs[r.name], views[r.name] = self._output(p, r.name, env, torch_mode, outputs)
+                tensors[p.name] = views[r.name]
+            self._loaded[k.name].launch(tensors, env, stream=stream)
+            for p, a in zip(k.params, op.operands):  # inputs updated in place (KV caches)
+                if p.name in result_of:
+                    r = result_of[p.name]
+                    views[r.name], objs[r.name] = views[a.name], objs[a.name]
+        return tuple(objs[v.name] for v in self.host.outputs)
+
+    def _named(self, args, kwargs) -> dict:
+        names = self.params
+        if len(args) > len(names):
+            raise InputError(f"{len(args)} positional arguments", op=self.host.name,
+                             valid=f"at most {len(names)}: {', '.join(names)}")
+        given = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names or k in given:
+                raise InputError(f"unexpected or repeated argument '{k}'", op=self.host.name,
+                                 valid=", ".join(names))
+            given[k] = v
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise InputError(f"missing arguments {missing}", op=self.host.name,
+                             valid=", ".join(names))
+        return given
+
+    def _output(self, param, result: str, env, torch_mode, outputs):
+        want = (outputs or {}).get(result)
+        if want is not None:
+            return want, arrays.as_cupy(want, param, self.host.name)
+        return arrays.empty_like_inputs(param, env, torch_mode)
+
+

@@ -1,0 +1,154 @@
+"""Load a cubin and launch a generated kernel with its cluster shape (``cuda.bindings.driver``).
+
+CuPy cannot launch with a run-time cluster size or the non-portable size 16, so launches go
+through ``cuLaunchKernelEx``: grid ``grid * cluster`` CTAs, cluster dims as a launch attribute
+when the source does not fix them (``__cluster_dims__`` is used for sizes 2..8), dynamic shared
+memory raised with ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``, and for size 16
+``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED``. Launches go on the current CuPy stream.
+Every driver call is checked; a failure raises :class:`fusionc.errors.DeviceError` naming the
+CUDA error.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from fusionc.codegen.compile import CompiledKernel
+from fusionc.errors import DeviceError, InputError
+
+
+def driver():
+    """The ``cuda.bindings.driver`` module (DeviceError if it is not installed)."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise DeviceError(f"cuda-bindings is not installed ({e})",
+                          valid="pip install 'cuda-bindings>=13.0,<14'") from None
+    return cu
+
+
+def check(result, what: str):
+    """Unpack a cuda-bindings result tuple; DeviceError with the CUDA error name on failure."""
+    cu = driver()
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(err)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        raise DeviceError(f"{what} failed: {name}")
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def ensure_device() -> None:
+    """Make CuPy's context current and refuse GPUs that are not sm_90 (Hopper)."""
+    try:
+        import cupy
+        cupy.cuda.runtime.free(0)  # creates the primary context and makes it current
+        cc = cupy.cuda.Device().compute_capability
+    except Exception as e:  # no driver, no GPU
+        raise DeviceError(f"no usable CUDA GPU ({type(e).__name__}: {e})") from None
+    if cc != "90":
+        raise DeviceError(f"compute capability {cc[:-1]}.{cc[-1]}",
+                          valid="an sm_90 GPU (H100, H200): kernels are built for sm_90a")
+
+
+class LoadedKernel:
+    """A compiled kernel loaded into the current context, with its global workspace.
+
+    The grid_reduce workspace and arrival counters are allocated and zeroed once here; every
+    launch leaves the counters zero, so launches (and CUDA-graph replays) need no reset. One
+    LoadedKernel must not run concurrently on two streams (they would share counters).
+    """
+
+    def __init__(self, compiled: CompiledKernel):
+        import cupy
+        ensure_device()
+        cu = driver()
+        self.compiled = compiled
+        src = compiled.source
+        self.module = check(cu.cuModuleLoadData(compiled.cubin), "cuModuleLoadData")
+        self.function = check(cu.cuModuleGetFunction(self.module, src.name.encode()),
+                              "cuModuleGetFunction")
+        attr = cu.CUfunction_attribute
+        check(cu.cuFuncSetAttribute(self.function,
+                                    attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    src.smem_bytes), "setting the dynamic shared memory size")
+        if src.nonportable:
+            check(cu.cuFuncSetAttribute(
+                self.function, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                "allowing the non-portable cluster size 16")
+        self.workspace = cupy.zeros(max(src.workspace_floats, 1), cupy.float32)
+        self.counters = cupy.zeros(max(src.counters, 1), cupy.uint32)
+
+    def launch(self, tensors: dict, dims: dict[str, int], delay: tuple[int, int] = (-1, 0),
+               stream=None) -> None:
+        """Launch once.
+
+        Args:
+            tensors: IR parameter name -> CuPy array (C-contiguous, 16-byte aligned, dtype
+                matching the parameter; bf16 as uint16 bits).
+            dims: symbolic dim -> run-time size (at most the kernel's max_batch).
+            delay: (rank, nanoseconds) for debug builds (``CodegenOptions(delay=True)``).
+            stream: a CuPy stream (default: the current one).
+        Raises:
+            InputError: a missing argument or a dim over max_batch. DeviceError: launch failed.
+        """
+        import cupy
+        cu = driver()
+        src = self.compiled.source
+        values, types = [], []
+        for p in src.params:
+            v, t = self._arg(p, tensors, dims, delay)
+            values.append(v)
+            types.append(t)
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = src.blocks, 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = src.threads, 1, 1
+        cfg.sharedMemBytes = src.smem_bytes
+        cfg.hStream = cu.CUstream((stream or cupy.cuda.get_current_stream()).ptr)
+        attrs = []
+        if src.cluster > 1 and not src.cluster_dims_in_source:
+            a = cu.CUlaunchAttribute()
+            a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = src.cluster, 1, 1
+            attrs.append(a)
+        if attrs:
+            cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+        check(cu.cuLaunchKernelEx(cfg, self.function, (tuple(values), tuple(types)), 0),
+              f"launching {src.name}")
+
+    def _tensor(self, v, tensors, dims) -> int:
+        """The device pointer of parameter ``v``; InputError unless the array has the
+        parameter's shape and element size, is C-contiguous and 16-byte aligned."""
+        name = self.compiled.source.name
+        if v.name not in tensors:
+            raise InputError(f"missing argument %{v.name}", op=name)
+        a = tensors[v.name]
+        shape = tuple(d if isinstance(d, int) else dims.get(d, -1) for d in v.type.shape)
+        if tuple(a.shape) != shape or a.dtype.itemsize != v.type.dtype.itemsize:
+            raise InputError(f"%{v.name} is {a.dtype}{list(a.shape)}", op=name,
+                             valid=f"{v.type} with {dims}")
+        if not a.flags.c_contiguous:
+            raise InputError(f"%{v.name} is not C-contiguous", op=name,
+                             valid="a contiguous array (e.g. cupy.ascontiguousarray(x))")
+        if a.data.ptr % 16:
+            raise InputError(f"%{v.name} starts at an address that is not 16-byte aligned",
+                             op=name, valid="16-byte aligned tensors (generated code moves "
+                             "16-byte vectors); allocations are, views may not be")
+        return a.data.ptr
+
+    def _arg(self, p, tensors, dims, delay):
+        if p.kind == "tensor":
+            return self._tensor(p.value, tensors, dims), ctypes.c_void_p
+        if p.kind == "dim":
+            n = dims.get(p.symbol)
+            mb = self.compiled.source.kernel.attr("max_batch")
+            if n is None or not 0 <= n <= mb:
+                raise InputError(f"symbolic dim {p.symbol} = {n}", op=self.compiled.source.name,
+                                 valid=f"0 <= {p.symbol} <= max_batch = {mb}")
+            return int(n), ctypes.c_int
+        if p.kind == "workspace":
+            return self.workspace.data.ptr, ctypes.c_void_p
+        if p.kind == "counters":
+            return self.counters.data.ptr, ctypes.c_void_p
+        if p.kind == "delay_rank":
+            return int(delay[0]), ctypes.c_int
+        return int(delay[1]), ctypes.c_ulonglong
