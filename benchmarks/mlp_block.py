@@ -51,23 +51,44 @@ def run_point(name, m, batch, bw, fn):
     sets = [make_set(m, batch) for _ in range(common.sets_needed(nbytes))]
     eager = lambda s: torch_blocks.mlp_block(s["x"], s["mlp_norm"], s["w_gate_up"],  # noqa
                                              s["w_down"], eps=1e-5)
-    compiled = torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False)
+    compiled = None if NO_COMPILE else torch.compile(eager, mode="max-autotune-no-cudagraphs",
+                                                     dynamic=False)
     row = dict(model=name, batch=batch, floor_us=nbytes / bw * 1e6)
     row["eager_us"] = common.time_graph([lambda s=s: eager(s) for s in sets]) * 1e6
-    row["compile_us"] = common.time_graph([lambda s=s: compiled(s) for s in sets]) * 1e6
+    if compiled is not None:
+        row["compile_us"] = common.time_graph([lambda s=s: compiled(s) for s in sets]) * 1e6
     if fn is not None:
         row["err"] = f"{common.rel_err(fn(**sets[0])[0], eager(sets[0])):.1e}"
         row["fusionc_us"] = common.time_graph([lambda s=s: fn(**s) for s in sets]) * 1e6
         row["eff_%"] = 100 * row["floor_us"] / row["fusionc_us"]
-        row["vs_compile"] = f"{row['compile_us'] / row['fusionc_us']:.2f}x"
+        if "compile_us" in row:
+            row["vs_compile"] = f"{row['compile_us'] / row['fusionc_us']:.2f}x"
+        row["vs_eager"] = f"{row['eager_us'] / row['fusionc_us']:.2f}x"
     return row
+
+
+NO_COMPILE = False
+
+
+def compile_only(args):
+    for name in MODELS:
+        for b in (1,) if args.quick else (1, 4, 16):
+            print(name, b, fusionc_mlp(MODELS[name], b).report())
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
+    ap.add_argument("--no-torch-compile", action="store_true",
+                    help="skip the torch.compile baseline (its autotuning takes minutes)")
     ap.add_argument("--no-fusionc", action="store_true")
     args = ap.parse_args()
+    global NO_COMPILE
+    NO_COMPILE = args.no_torch_compile
+    if args.compile_only:
+        return compile_only(args)
     bw = common.copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}")
     batches = (1,) if args.quick else (1, 4, 16)
@@ -78,7 +99,7 @@ def main():
             rows.append(run_point(name, MODELS[name], b, bw, fn))
             print(rows[-1], flush=True)
     print(common.table(rows, ["model", "batch", "fusionc_us", "eager_us", "compile_us",
-                              "floor_us", "eff_%", "vs_compile", "err"]))
+                              "floor_us", "eff_%", "vs_compile", "vs_eager", "err"]))
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ class CodegenOptions:
         delay: debug build for tests: the kernel takes two extra arguments (``fc_delay_rank``,
             ``fc_delay_ns``) and the CTA of that rank spins before each shared-memory store
             and each collective, to expose missing barriers.
-        gemv_unroll: 16-byte weight loads each thread keeps in flight in gemv (2..8).
+        gemv_unroll: 16-byte weight loads each thread keeps in flight in gemv (2..16); 0 picks
+            by the batch rows held in registers: 16 up to 4 rows, 8 up to 8, else 4 (measured
+            on an H200, 2026-11-29: BENCHMARKS.md, sweep).
     """
 
     delay: bool = False
-    gemv_unroll: int = 4
+    gemv_unroll: int = 0
 
 
 @dataclass

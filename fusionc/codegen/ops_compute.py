@@ -29,6 +29,12 @@ def gemv_plan(op, x, w, unroll: int) -> dict:
                 path="16-byte weight vectors" if vec else "scalar weight loads (alignment)")
 
 
+def auto_unroll(rows_in_registers: int) -> int:
+    """Weight loads in flight per thread: as many as registers allow next to the accumulators
+    of the batch rows (16 loads of 16 bytes up to 4 rows, 8 up to 8, else 4)."""
+    return 16 if rows_in_registers <= 4 else 8 if rows_in_registers <= 8 else 4
+
+
 def check_gemv(op, kernel) -> None:
     k = op.operands[0].type.shape[-1]
     if not isinstance(k, int):
@@ -40,9 +46,9 @@ def check_gemv(op, kernel) -> None:
 def emit_gemv(op, ctx) -> str:
     x, w, y = ctx.ref(op.operands[0]), ctx.ref(op.operands[1]), ctx.ref(op.result)
     ctx.need("gemv")
-    plan = gemv_plan(op, x, w, ctx.options.gemv_unroll)
     lead = x.shape[:-1]
     mch = max(1, min(cnames.max_product(lead, ctx.max_batch), MAX_BATCH_REGS))
+    plan = gemv_plan(op, x, w, ctx.options.gemv_unroll or auto_unroll(mch))
     b = lambda v: "true" if v else "false"  # noqa: E731
     return ctx.render(
         "ops/gemv.cu.j2", x=x.ptr, M=cnames.product(lead), K=x.shape[-1], w=w.ptr,

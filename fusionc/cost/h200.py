@@ -24,7 +24,9 @@ class Device:
     # one all-read cluster all-reduce round (two barriers), by cluster size and payload bytes
     collective_s: dict[int, dict[int, float]] = field(default_factory=dict)
     launch_s: float = 2.5e-6     # launch + ramp of one kernel in a CUDA graph (estimate)
-    saturating_fraction: float = 0.6  # fraction of SMs that can saturate HBM (estimate)
+    load_latency_s: float = 2.0e-6   # global load latency under full load (fit to the sweep)
+    cta_l2_bandwidth: float = 100e9   # one CTA reading partials from L2, bytes/s (estimate)
+    grid_reduce_s: float = 2e-6      # fence + atomic arrival + tail latency (estimate)
 
     def collective_time(self, size: int, payload: int) -> float:
         """Seconds for one collective over ``payload`` bytes per CTA (log-linear interpolation

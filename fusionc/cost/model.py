@@ -4,9 +4,11 @@ estimated time on a :class:`~fusionc.cost.h200.Device`.
 Per-op costs come from each op's registry entry (``OpDef.cost(op, env)``, per CTA, with the
 cluster size in ``env["C"]`` and the KV length in ``env["S"]``). The kernel estimate is
     waves · (bytes / grid) · resident clusters / (copy bandwidth · efficiency)
-    + waves · Σ collectives · anchor latency(C, payload) + launch,
-with efficiency = min(1, active SMs / (saturating fraction · SMs)): a partial last wave costs a
-whole wave, and a grid too small to fill the chip reaches only part of the bandwidth —
+    + waves · Σ collectives · anchor latency(C, payload)
+    + Σ grid_reduce tails (the last CTA reads every cluster's partial window alone) + launch,
+with efficiency = min(1, bytes in flight on the chip / (memory latency · bandwidth)) (Little's
+law: resident CTAs × threads × loads in flight per thread): a partial last wave costs a whole
+wave, and a grid with too few resident threads reaches only part of the bandwidth —
 a roofline with the anchors' measured collective latencies; autotuning on the GPU replaces it
 where measurements exist.
 """
@@ -63,11 +65,18 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
         if op.name in ("cluster_reduce", "cluster_gather"):
             n_coll += 1
             coll_s += device.collective_time(size, op.operands[0].type.nbytes(env))
+        if op.name == "grid_reduce":  # the last-arriving CTA sums every contribution alone
+            window = op.operands[1].type.numel(env) * 4
+            coll_s += grid * window / device.cta_l2_bandwidth + device.grid_reduce_s
     resident = device.resident_clusters.get(size, device.sms // size) * \
         ctas_per_sm(k, device, smem)
     waves = math.ceil(grid / resident)
     active = min(grid, resident)
-    eff = min(1.0, active * size / (device.saturating_fraction * device.sms))
+    # bandwidth by Little's law: bytes in flight over the whole chip / memory latency
+    from fusionc.codegen.ops_compute import auto_unroll
+    per_thread = 16 * auto_unroll(min(batch, 16))  # the gemv's 16-byte loads in flight
+    in_flight = active * size * k.attr("threads") * per_thread
+    eff = min(1.0, in_flight / (device.load_latency_s * device.copy_bandwidth))
     # every wave takes as long as one cluster's share at the bandwidth of a full wave
     t_mem = waves * (total.bytes / grid) * active / (device.copy_bandwidth * eff)
     est = t_mem + coll_s * waves + device.launch_s

@@ -1,5 +1,5 @@
-"""Run-time arguments: CuPy arrays and PyTorch tensors (through DLPack, no copies), checked
-against the IR types, and outputs allocated like the inputs.
+"""Run-time arguments: CuPy arrays and PyTorch tensors (zero-copy views), checked against the
+IR types, and outputs allocated like the inputs.
 
 bf16 has no CuPy dtype: bf16 PyTorch tensors travel as their 16-bit patterns, and CuPy callers
 pass bf16 data as ``uint16`` bit patterns (``fusionc.runtime.transfer`` converts from numpy).
@@ -33,11 +33,7 @@ def as_cupy(x, p: Value, where: str):
             raise InputError(f"argument '{p.name}' has dtype {x.dtype}", op=where,
                              valid=f"torch.{_TORCH[dt]} for {p.type}")
         _layout(x.is_contiguous(), x.data_ptr(), p, where)
-        if dt == DType.bf16:
-            import torch
-            x = x.view(torch.int16)
-        out = cupy.from_dlpack(x)
-        return out.view(cupy.uint16) if dt == DType.bf16 else out
+        return _wrap_torch(x, _CUPY[dt])
     if not isinstance(x, cupy.ndarray):
         raise InputError(f"argument '{p.name}' is a {type(x).__name__}", op=where,
                          valid="a CuPy array or a PyTorch CUDA tensor")
@@ -50,6 +46,19 @@ def as_cupy(x, p: Value, where: str):
                          valid=f"the current device {cupy.cuda.Device().id}")
     _layout(x.flags.c_contiguous, x.data.ptr, p, where)
     return x
+
+
+def _wrap_torch(t, dtype: str):
+    """A zero-copy CuPy view of contiguous CUDA tensor ``t`` (kept alive by the view).
+
+    Not through ``cupy.from_dlpack``: DLPack's stream handshake makes CuPy's stream wait on
+    PyTorch's, which is illegal while PyTorch captures a CUDA graph; the pointer is valid on
+    every stream, and fusionc launches on PyTorch's current stream anyway.
+    """
+    import cupy
+    mem = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), owner=t,
+                                  device_id=t.device.index)
+    return cupy.ndarray(tuple(t.shape), dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
 def _layout(contiguous: bool, ptr: int, p: Value, where: str) -> None:

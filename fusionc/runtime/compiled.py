@@ -16,7 +16,7 @@ from fusionc.runtime import arrays
 
 def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: int = 0,
             scheme: str = "auto", kv_len: int = 4096, pipeline: str | None = None,
-            progress=None) -> "CompiledGraph":
+            codegen=None, progress=None) -> "CompiledGraph":
     """Lower, fuse, generate and compile ``program`` for the GPU.
 
     Args:
@@ -26,6 +26,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
         scheme: attention QKV scheme (``splitk``, ``splitn``, ``auto``).
         kv_len: the KV length the cost model plans for (any length runs).
         pipeline: a pipeline string overriding the default built from these options.
+        codegen: :class:`fusionc.codegen.CodegenOptions` (e.g. ``gemv_unroll``).
         progress: a callable(str) told about each kernel as it compiles (e.g. tqdm.write).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
@@ -51,7 +52,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
         if g.kind == "kernel":
             if progress:
                 progress(f"compiling {g.name}")
-            kernels[g.name] = compile_kernel(g)
+            kernels[g.name] = compile_kernel(g, codegen)
     return CompiledGraph(lowered, host, kernels, max_batch)
 
 

@@ -1,0 +1,41 @@
+"""fusionc's interpreter and tile-IR simulator agree with Hugging Face transformers (CPU).
+
+Skipped where transformers is not installed (CI installs only the dev extra); the GPU
+counterpart is tests/gpu/test_transformers_gpu.py.
+"""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from fusionc.interp import interpret  # noqa: E402
+from fusionc.ir import Module  # noqa: E402
+from fusionc.passes import run_pipeline  # noqa: E402
+from fusionc.sim import simulate  # noqa: E402
+from tests.passes.graphs import example, rel_err  # noqa: E402
+from tests.reference.hf import attention_case, mlp_case  # noqa: E402
+
+ATT = dict(hidden=256, heads=8, kv_heads=2, head_dim=64)
+
+
+@pytest.mark.parametrize("family,example_name", [("llama", "llama3_8b"),
+                                                 ("qwen3", "qwen3_qk_norm")])
+def test_attention_block_matches_transformers(family, example_name):
+    lens, max_seq = [9, 1, 30], 32
+    m = example(example_name, **ATT, intermediate=64, max_seq=max_seq, dtype="f16",
+                theta=10000.0, eps=1e-5)
+    inputs, ref = attention_case(family, **ATT, lens=lens, max_seq=max_seq)
+    g = m["attention"]
+    assert rel_err(interpret(g, inputs)[0], ref) <= 1e-2
+    low = run_pipeline(Module((g,)), "partition-cluster{size=4},fuse")
+    assert rel_err(simulate(low, inputs, graph="attention")[0], ref) <= 1e-2
+
+
+def test_mlp_block_matches_transformers():
+    m = example("llama2_7b", hidden=256, heads=2, head_dim=128, intermediate=512, dtype="f16")
+    inputs, ref = mlp_case("llama", hidden=256, inter=512, batch=3)
+    g = m["mlp"]
+    assert rel_err(interpret(g, inputs)[0], ref) <= 1e-2
+    low = run_pipeline(Module((g,)), "partition-cluster{size=2},fuse")
+    assert rel_err(simulate(low, inputs, graph="mlp")[0], ref) <= 1e-2
