@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from fusionc.cli import command
+from fusionc.commands.compile import positive_int
 
 _EPILOG = """\
 Every graph of the file (or --graph) is compiled for a batch bucket of --batch, run on fresh
@@ -23,14 +24,16 @@ def setup(p):
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = _EPILOG
     p.add_argument("source", help="a DSL file (.py)")
-    p.add_argument("--batch", type=int, default=1, help="batch (rows), default 1")
-    p.add_argument("--kv-len", type=int, default=1024, help="longest KV length, default 1024")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch (rows), default 1")
+    p.add_argument("--kv-len", type=positive_int, default=1024,
+                   help="longest KV length, default 1024")
     p.add_argument("--dtype", choices=("f16", "bf16"), help="override the example's dtype")
-    p.add_argument("--cluster", type=int, default=0, help="cluster size (0: cost model)")
+    p.add_argument("--cluster", type=int, default=0, choices=(0, 1, 2, 4, 8, 16),
+                   help="cluster size (0: cost model)")
     p.add_argument("--graph", metavar="NAME", help="run only this graph")
     p.add_argument("-D", dest="sizes", metavar="NAME=VALUE", action="append", default=[],
                    help="a size for build() (repeatable)")
-    p.add_argument("--reps", type=int, default=50, help="timed launches (default 50)")
+    p.add_argument("--reps", type=positive_int, default=50, help="timed launches (default 50)")
 
     def run(args):
         return run_main(args)
@@ -41,9 +44,13 @@ def run_main(args) -> int:
     from fusionc.commands.ir import load, parse_sizes
     from fusionc.errors import DSLError
     sizes = parse_sizes(args.sizes)
-    if args.dtype:
-        sizes["dtype"] = args.dtype
-    sizes.setdefault("max_seq", args.kv_len)
+    if args.source.endswith(".py"):
+        from fusionc.dsl.loader import build_parameters
+        params = build_parameters(args.source)
+        if args.dtype:
+            sizes["dtype"] = args.dtype
+        if "max_seq" in params:  # the KV cache holds --kv-len tokens
+            sizes.setdefault("max_seq", args.kv_len)
     module = load(args.source, sizes)
     graphs = [g for g in module.graphs if g.kind == "graph" and args.graph in (None, g.name)]
     if not graphs:

@@ -11,7 +11,7 @@
         return x + fc.linear(fc.silu_mul(gate, up), w_down)
 
 ``mlp`` is then a :class:`fusionc.ir.Module` with one graph ``@mlp``; every op carries the
-``file:line`` that created it. See ``docs/tour.md``.
+``file:line`` that created it. See the tour in README.md.
 """
 from fusionc.dsl.graph import graph, module, trace
 from fusionc.dsl.loader import load_file

@@ -29,7 +29,7 @@ def load_file(path: str | Path, **sizes) -> Module:
     """
     p = Path(path)
     if not p.is_file():
-        raise DSLError(f"cannot read {p}: no such file")
+        raise DSLError(f"cannot read {p}: {'a folder' if p.is_dir() else 'no such file'}")
     with _on_path(str(p.parent.resolve())):
         pymod = _exec(p)
         build = getattr(pymod, "build", None)
@@ -46,6 +46,16 @@ def load_file(path: str | Path, **sizes) -> Module:
                        loc=Loc(str(p), 1),
                        valid="def build(**sizes) -> Module, or a module-level `module`")
     return result
+
+
+def build_parameters(path: str | Path) -> tuple[str, ...]:
+    """The parameter names of ``build()`` in DSL file ``path`` (empty without one)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DSLError(f"cannot read {p}: {'a folder' if p.is_dir() else 'no such file'}")
+    with _on_path(str(p.parent.resolve())):
+        build = getattr(_exec(p), "build", None)
+    return tuple(inspect.signature(build).parameters) if callable(build) else ()
 
 
 @contextlib.contextmanager

@@ -11,8 +11,10 @@ Invariants checked here (DESIGN §3):
 - T a multiple of 32 (whole warps), at most 1024;
 - shared memory per CTA (the sum of ``smem_alloc`` buffers, symbolic dims bound to
   ``max_batch``) at most 227 KB, the H200's opt-in limit per block;
-- every collective is reached by all CTAs of a cluster: none inside a ``when`` on the rank, and
-  none after a rank-dependent ``exit``;
+- every collective (and every ``grid_reduce``, whose arrival counter waits for all CTAs) is
+  reached by all CTAs of a cluster: none inside a ``when`` on the rank, and none after a
+  rank-dependent ``exit``;
+- the barrier discipline of shared memory read by peers (see ``_check_barriers``);
 - tiles read or written stay inside their tensors for every (cluster, rank) unless masked.
 """
 from __future__ import annotations
@@ -57,8 +59,57 @@ def _verify(k: Graph, module: Module | None) -> None:
             raise VerifyError(f"returns %{v.name}, which is not a parameter", op=k.name,
                               loc=k.loc, valid="a kernel returns the parameters it writes")
     _check_collectives(k.body, rank_branch=None, exited=None)
+    _check_barriers(k)
     for op in k.walk():
         _check_bounds(op, k)
+
+
+def _check_barriers(k: Graph) -> None:
+    """The barrier discipline of distributed shared memory, statically (the simulator checks
+    it dynamically): within one barrier phase a buffer is written by its owner or read by peers
+    through a collective, never both, and no CTA exits while peers may read its buffers."""
+    written: dict[str, Op] = {}   # stored in this phase
+    read: dict[str, Op] = {}      # read by a collective in this phase
+    stored: set[str] = set()
+    for op in k.walk():
+        if op.name == "cluster_barrier":
+            written.clear()
+            read.clear()
+        elif op.name == "smem_store":
+            buf = op.operands[0].name
+            if buf in read:
+                raise VerifyError(f"overwrites %{buf} while peers may still read it (read by "
+                                  f"'{read[buf].name}' at {read[buf].loc})", op=op.name,
+                                  loc=op.loc, valid="a cluster_barrier() between the "
+                                  "collective and the next store")
+            written[buf] = op
+            stored.add(buf)
+        elif lookup(op.name) is not None and op.name != "cluster_barrier" and \
+                lookup(op.name).collective:
+            buf = op.operands[0].name
+            if buf not in stored:
+                raise VerifyError(f"%{buf} is never stored before this collective",
+                                  op=op.name, loc=op.loc, valid="smem_store, cluster_barrier, "
+                                  "then the collective")
+            if buf in written:
+                raise VerifyError(f"reads %{buf}, stored at {written[buf].loc} in the same "
+                                  "barrier phase: no cluster_barrier makes it visible",
+                                  op=op.name, loc=op.loc,
+                                  valid="a cluster_barrier() between smem_store and the "
+                                        "collective")
+            read[buf] = op
+        elif op.name == "exit" and read:
+            _exit_error(op, read)
+    if read:
+        _exit_error(None, read, k)
+
+
+def _exit_error(op: Op | None, read: dict, k: Graph | None = None) -> None:
+    buf, by = next(iter(read.items()))
+    raise VerifyError(f"a CTA may exit while peers still read its shared memory %{buf} "
+                      f"(read by '{by.name}' at {by.loc})", op=op.name if op else k.name,
+                      loc=op.loc if op else by.loc,
+                      valid="a cluster_barrier() after the last collective, before any exit")
 
 
 def _extremes(a, grid: int, size: int) -> tuple[int, int]:
@@ -99,7 +150,7 @@ def _check_collectives(ops, rank_branch: Op | None, exited: Op | None) -> Op | N
     """Walk ops in order; returns a rank-dependent exit seen (if any)."""
     for op in ops:
         d = lookup(op.name)
-        if d is not None and d.collective:
+        if d is not None and (d.collective or op.name == "grid_reduce"):
             culprit = rank_branch or exited
             if culprit is not None:
                 why = ("inside a branch on the CTA rank" if rank_branch is not None else

@@ -132,12 +132,18 @@ def projection(df: Dataflow, v: Value, at: Op) -> tuple[Rows, Value, list[Op]]:
     return Rows(w, row0, n), lin.operands[0], ops + [lin]
 
 
-def input_norm(df: Dataflow, h: Value) -> tuple[Value, Norm | None, list[Op]]:
-    """h = rms_norm(x, w) → (x, Norm, [op]); otherwise h is the stage input itself."""
+def input_norm(df: Dataflow, h: Value, at: Op) -> tuple[Value, Norm | None, list[Op]]:
+    """h = rms_norm(x, w) → (x, Norm, [op]); otherwise h is the stage input itself. The input
+    must be [B, hidden] (one vector per batch row)."""
     n = df.producer(h, "rms_norm")
-    if n is None:
-        return h, None, []
-    return n.operands[0], Norm(df.param(n.operands[1], "norm weight", n), n.attr("eps")), [n]
+    x, norm, ops = h, None, []
+    if n is not None:
+        x, norm, ops = n.operands[0], Norm(df.param(n.operands[1], "norm weight", n),
+                                           n.attr("eps")), [n]
+    if x.type.rank != 2:
+        raise LoweringError(f"the block input %{x.name} has type {x.type}", op=at.name,
+                            loc=at.loc, valid="a hidden state of shape [B, hidden]")
+    return x, norm, ops
 
 
 def residual_tail(df: Dataflow, y: Value) -> tuple[Value | None, Value, list[Op]]:

@@ -67,7 +67,7 @@ def match_attention(df: Dataflow, att: Op) -> AttentionStage:
         raise LoweringError("q and k take different RoPE, or v is rotated/normalized",
                             op=att.name, loc=att.loc,
                             valid="the same rope(positions) on q and k, none on v")
-    x, norm, nops = input_norm(df, hq)
+    x, norm, nops = input_norm(df, hq, att)
     x = df.param(x, "attention input", att)
     for w in (kc0, vc0, lens, positions):
         df.param(w, "cache, length or position input", att)
@@ -96,7 +96,7 @@ def match_mlp(df: Dataflow, act: Op) -> MLPStage:
     if hg.name != hu.name:
         raise LoweringError("gate and up are projected from different inputs", op=act.name,
                             loc=act.loc, valid="one normalized hidden state h")
-    x, norm, nops = input_norm(df, hg)
+    x, norm, nops = input_norm(df, hg, act)
     x = df.param(x, "MLP input", act)
     down = df.sole_use(act.result, "linear")
     if down is None or len(down.operands) != 2:

@@ -64,6 +64,7 @@ class PartitionCluster(Pass):
 
     def lower_graph(self, g: Graph) -> tuple[Graph, list[Graph]]:
         """The host graph of launches and the kernels of graph ``g``."""
+        _check_dims(g)
         replaced: dict[int, Op | None] = {}
         kernels = []
         for i, st in enumerate(find_stages(g)):
@@ -112,6 +113,23 @@ class PartitionCluster(Pass):
         if isinstance(st, AttentionStage):
             return lower_attention(st, name, size, extra, self.max_batch)
         return lower_mlp(st, name, size, extra, self.max_batch)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def _check_dims(g: Graph) -> None:
+    """Kernels index with 32-bit sizes and specialize every dim but the leading batch."""
+    for p in g.params:
+        for i, d in enumerate(p.type.shape):
+            if isinstance(d, str) and i != 0:
+                raise LoweringError(f"dim {i} of %{p.name}: {p.type} is symbolic ({d})",
+                                    op=g.name, loc=g.loc,
+                                    valid="static sizes; only the leading batch dim may be "
+                                          "symbolic")
+            if isinstance(d, int) and d > INT32_MAX:
+                raise LoweringError(f"dim {i} of %{p.name}: {p.type} exceeds 2^31 - 1",
+                                    op=g.name, loc=g.loc, valid="sizes below 2^31")
 
 
 def _last(g: Graph, ops) -> Op:

@@ -36,17 +36,14 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     """
     from fusionc.codegen.compile import compile_kernel
     from fusionc.passes import run_pipeline
+    _check_options(program, max_batch, kv_len, cluster)
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
     pipeline = pipeline or (f"partition-cluster{{size={cluster},scheme={scheme},"
                             f"batch={max_batch},kv_len={kv_len},max_batch={max_batch}}},fuse")
     lowered = run_pipeline(Module((module[name],)), pipeline)
     host = lowered[name]
-    for op in host.body:
-        if op.name != "launch":
-            raise CompileError("op is not part of a fused kernel; the GPU runtime runs only "
-                               "launches", op=op.name, loc=op.loc,
-                               valid="attention and MLP blocks (other ops: later passes)")
+    check_launches_only(host)
     kernels = {}
     for g in lowered.graphs:
         if g.kind == "kernel":
@@ -54,6 +51,28 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
                 progress(f"compiling {g.name}")
             kernels[g.name] = compile_kernel(g, codegen)
     return CompiledGraph(lowered, host, kernels, max_batch)
+
+
+def _check_options(program, max_batch, kv_len, cluster) -> None:
+    if not isinstance(program, (Module, Graph)):
+        raise InputError(f"cannot compile a {type(program).__name__}",
+                         valid="a fusionc.ir.Module or Graph (a @fusionc.graph function, or "
+                               "fusionc.dsl.loader.load_file(path))")
+    for name, v in (("max_batch", max_batch), ("kv_len", kv_len)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise InputError(f"{name} = {v!r}", valid=f"a positive integer {name}")
+
+
+def check_launches_only(host: Graph) -> None:
+    """CompileError unless every op of the lowered host graph is a kernel launch."""
+    for op in host.body:
+        if op.name != "launch":
+            raise CompileError("op is not part of a fused kernel; the GPU runtime runs only "
+                               "launches", op=op.name, loc=op.loc,
+                               valid="attention and MLP blocks (other ops: later passes)")
+    if not host.body:
+        raise CompileError("the graph has no attention or MLP block to compile", op=host.name,
+                           loc=host.loc, valid="a graph with decode_attention or silu_mul")
 
 
 def _pick(module: Module, graph: str | None) -> str:
@@ -132,9 +151,16 @@ class CompiledGraph:
         return given
 
     def _output(self, param, result: str, env, torch_mode, outputs):
+        if outputs is not None and not isinstance(outputs, dict):
+            raise InputError(f"outputs= is a {type(outputs).__name__}", op=self.host.name,
+                             valid="a dict {output name: tensor}")
         want = (outputs or {}).get(result)
         if want is not None:
-            return want, arrays.as_cupy(want, param, self.host.name)
+            view = arrays.as_cupy(want, param, self.host.name)
+            if tuple(view.shape) != param.type.concrete(env):
+                raise InputError(f"output '{result}' has shape {list(view.shape)}",
+                                 op=self.host.name, valid=f"{param.type} with {env}")
+            return want, view
         return arrays.empty_like_inputs(param, env, torch_mode)
 
 

@@ -45,11 +45,12 @@ static_dims = st.one_of(st.sampled_from((1, 2, 3, 4, 8, 16, 64, 128)),
 
 SPECIAL_FLOATS = (0.0, -0.0, 1e-5, 1e-6, 0.1, 1.0, 1e-300, 5e-324, 2.2250738585072014e-308,
                   1e300, 1.7976931348623157e308, math.inf, 123456789.125, 1 / 3)
-nonneg_floats = st.one_of(st.sampled_from(SPECIAL_FLOATS),
-                          st.floats(min_value=0.0, allow_nan=False),
+FINITE = tuple(x for x in SPECIAL_FLOATS if math.isfinite(x))
+nonneg_floats = st.one_of(st.sampled_from(FINITE),  # eps, theta, scale must be finite
+                          st.floats(min_value=0.0, allow_nan=False, allow_infinity=False),
                           st.integers(0, 10**6))  # make_attrs turns ints into floats
-pos_floats = st.one_of(st.sampled_from([x for x in SPECIAL_FLOATS if x > 0]),
-                       st.floats(min_value=5e-324, allow_nan=False))
+pos_floats = st.one_of(st.sampled_from([x for x in FINITE if x > 0]),
+                       st.floats(min_value=5e-324, allow_nan=False, allow_infinity=False))
 
 
 @dataclass

@@ -33,24 +33,32 @@ def test_good_program_runs():
 
 def test_missing_barrier_before_collective():
     bad = edit("  smem_store(%buf, %p)\n  cluster_barrier()\n", "  smem_store(%buf, %p)\n")
-    with pytest.raises(SimulationError, match="written in the same barrier phase: no "
+    with pytest.raises(VerifyError, match="stored at 5:3 in the same barrier phase: no "
                        "cluster_barrier makes it visible") as e:
         sim(bad)
     assert "6:8" in str(e.value)  # the collective's line:column
+    with pytest.raises(SimulationError, match="written in the same barrier phase: no "
+                       "cluster_barrier makes it visible") as e:
+        sim(bad, verify=False)
+    assert "6:8" in str(e.value)
 
 
 def test_missing_barrier_before_exit():
     bad = edit(REDUCE + "  cluster_barrier()\n", REDUCE)
+    with pytest.raises(VerifyError, match="may exit while peers still read its shared memory"):
+        sim(bad)
     with pytest.raises(SimulationError, match="exits while peers may still read its shared "
                        "memory %buf"):
-        sim(bad)
+        sim(bad, verify=False)
 
 
 def test_overwrite_while_peers_read():
     bad = edit(REDUCE + "  cluster_barrier()\n", REDUCE + "  smem_store(%buf, %p)\n"
                "  cluster_barrier()\n")
-    with pytest.raises(SimulationError, match="overwrites %buf while peers may still read it"):
+    with pytest.raises(VerifyError, match="overwrites %buf while peers may still read it"):
         sim(bad)
+    with pytest.raises(SimulationError, match="overwrites %buf while peers may still read it"):
+        sim(bad, verify=False)
 
 
 def test_wrong_reduction_partner():
@@ -99,8 +107,10 @@ def test_collective_in_cluster_branch_is_fine():
 
 def test_read_before_any_store():
     bad = edit("  smem_store(%buf, %p)\n", "")
-    with pytest.raises(SimulationError, match="never stored into %buf"):
+    with pytest.raises(VerifyError, match="%buf is never stored before this collective"):
         sim(bad)
+    with pytest.raises(SimulationError, match="never stored into %buf"):
+        sim(bad, verify=False)
 
 
 def test_out_of_bounds_tiles():
@@ -139,4 +149,12 @@ def test_shared_memory_limit():
 def test_store_to_input_is_rejected():
     bad = GOOD.replace("store(%y, %s)", "store(%x, %s)")
     with pytest.raises(VerifyError, match="store to %x, which the kernel does not return"):
+        parse_module(bad)
+
+
+def test_grid_reduce_in_rank_branch():
+    """grid_reduce's arrival counter waits for every CTA: not inside a branch on the rank."""
+    bad = GOOD.replace("    store(%y, %s) {offsets", "    grid_reduce(%y, %s) {offsets")
+    with pytest.raises(VerifyError, match="'grid_reduce': collective inside a branch on the "
+                       "CTA rank"):
         parse_module(bad)

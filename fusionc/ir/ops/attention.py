@@ -15,6 +15,8 @@ kv_cache_append: writes k[b], v[b] at cache position positions[b] and returns th
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fusionc.errors import InputError
@@ -64,8 +66,8 @@ def _attention(op):
         fail(op, f"num_kv_heads = {hkv} does not divide num_heads = {h}",
              "num_heads a multiple of num_kv_heads (MHA: equal; GQA: a whole group per KV head)")
     _check_index(op, lens, "seq_lens", b)
-    if op.attr("scale") <= 0:
-        fail(op, f"scale = {op.attr('scale')}", "scale > 0, usually 1/sqrt(head_dim)")
+    if not 0 < op.attr("scale") < math.inf:
+        fail(op, f"scale = {op.attr('scale')}", "a finite scale > 0, usually 1/sqrt(head_dim)")
     return (q,)
 
 

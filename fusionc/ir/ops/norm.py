@@ -7,6 +7,8 @@ hidden-state norm (x: [B, hidden]) and per-head QK-norm (x: [B, heads, head_dim]
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fusionc.ir.ops.common import io_cost, numel
@@ -22,8 +24,8 @@ def _infer(op):
     if x.rank < 1 or w.rank != 1 or w.shape[0] != x.shape[-1]:
         fail(op, f"weight {w} does not match the last axis of x {x}",
              f"weight of shape [{x.shape[-1] if x.rank else 'D'}]")
-    if op.attr("eps") < 0:
-        fail(op, f"eps = {op.attr('eps')} is negative", "eps >= 0")
+    if not 0 <= op.attr("eps") < math.inf:
+        fail(op, f"eps = {op.attr('eps')}", "a finite eps >= 0")
     return (x,)
 
 

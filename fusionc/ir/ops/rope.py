@@ -13,6 +13,8 @@ Source: Su et al. 2021, "RoFormer", eq. 34. The float64 reference (``precise``) 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fusionc.ir.ops.common import io_cost, numel
@@ -30,8 +32,8 @@ def _infer(op):
     if not isinstance(d, int) or r % 2 or r > d:
         fail(op, f"rotary_dim = {r} with head_dim = {d}",
              f"an even rotary_dim <= {d}" if isinstance(d, int) else "a static head_dim")
-    if op.attr("theta") <= 0:
-        fail(op, f"theta = {op.attr('theta')}", "theta > 0")
+    if not 0 < op.attr("theta") < math.inf:
+        fail(op, f"theta = {op.attr('theta')}", "a finite theta > 0")
     return (x,)
 
 

@@ -48,6 +48,8 @@ def _infer_partial(op):
     for t, what in ((lens, "seq_lens"), (pos, "positions")):
         if t.dtype != DType.i32 or t.shape != (b,):
             fail(op, f"{what} has type {t}", f"i32[{b}]")
+    if not 0 < op.attr("scale") < float("inf"):
+        fail(op, f"scale = {op.attr('scale')}", "a finite scale > 0")
     f32 = DType.f32
     return (q.with_shape((b, g)).with_dtype(f32), q.with_shape((b, g)).with_dtype(f32),
             q.with_dtype(f32))

@@ -83,6 +83,8 @@ def _infer_norm_apply(op):
         fail(op, f"x {x}, w {w}, ss {ss}", "x: [..., K], w: [K], ss: f32[...]")
     if x.dtype not in FLOAT_DTYPES or ss.dtype != DType.f32:
         fail(op, f"x {x}, ss {ss}", "float x and f32 ss")
+    if not 0 <= op.attr("eps") < float("inf"):
+        fail(op, f"eps = {op.attr('eps')}", "a finite eps >= 0")
     return (x,)
 
 

@@ -300,8 +300,8 @@ fusionc_gemv(
   // [op 1, ir 3:8] %p = gemv(%xt, %w) {row = "16*cluster", col = "64*rank", rows = 16, masked = false} : f32[B, 16]
   __syncthreads();  // earlier ops' shared data
   {
-    // 16-byte weight vectors; 2 lanes per weight row, 4 loads in flight, 8 batch rows per weight read
-    fc_gemv<FC_THREADS, 2, 4, 8, 8, true, false, true>(
+    // 16-byte weight vectors; 1 lanes per weight row, 8 loads in flight, 8 batch rows per weight read
+    fc_gemv<FC_THREADS, 1, 8, 8, 8, true, false, true>(
         v_xt, dim_B, 64, p_w, 256LL, 32, 256, 16 * fc_cluster, 64 * fc_rank, 16, v_p);
   }
   // [op 2, ir 4:10] %buf = smem_alloc() : f32[B, 16]
