@@ -100,8 +100,12 @@ def current_stream(torch_mode: bool):
     """The caller's current stream as a CuPy stream (PyTorch's when given torch tensors)."""
     import cupy
     if torch_mode:
+        import warnings
+
         import torch
-        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        with warnings.catch_warnings():  # CuPy 14 deprecates the name, not the behaviour
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     return cupy.cuda.get_current_stream()
 
 
@@ -110,6 +114,6 @@ def require_gpu() -> None:
     try:
         import cupy
         cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:
-        raise DeviceError(f"no CUDA GPU available ({type(e).__name__})",
-                          valid="run on a machine with an sm_90 GPU") from None
+    except Exception as e:  # no driver, an old driver (cudaErrorInsufficientDriver), no GPU
+        raise DeviceError(f"no usable CUDA GPU ({type(e).__name__}: {e})",
+                          valid="an sm_90 GPU (H100, H200) with a CUDA 13 driver") from None

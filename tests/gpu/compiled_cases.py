@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 import fusionc as fc
-from tests.passes.graphs import example  # noqa: F401  (re-exported for the tests)
+from tests.passes.graphs import EXAMPLES, example  # noqa: F401  (re-exported for the tests)
 
 SIZES = {"llama2_7b": dict(hidden=512, heads=4, head_dim=128, intermediate=1024),
          "llama3_8b": dict(hidden=512, heads=8, kv_heads=2, head_dim=128, intermediate=1024),
@@ -35,6 +35,10 @@ def bucket(batch: int) -> int:
 
 def compiled(module, graph, batch, cluster, kv):
     return fc.compile(module, graph, max_batch=bucket(batch), cluster=cluster, kv_len=kv)
+
+
+def fusionc_compile(module, graph, max_batch):
+    return fc.compile(module, graph, max_batch=max_batch)
 
 
 def row_lengths(batch: int, kv: int, rng) -> list[int]:
@@ -98,6 +102,11 @@ def precompile() -> None:
             compiled(m, g, batch, c, kv)
     for _, m, g, batch, c, kv in failure_cases():
         compiled(m, g, batch, c, kv)
+    for dtype in ("f16", "bf16"):  # tests/gpu/test_runtime_gpu.py
+        m = example("llama2_7b", hidden=256, heads=2, head_dim=128, intermediate=512,
+                    max_seq=64, dtype=dtype)
+        for mb in (2, 4):
+            fusionc_compile(m, "mlp", mb)
 
 
 def upload(graph, inputs):
