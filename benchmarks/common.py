@@ -81,3 +81,23 @@ def table(rows: list[dict], cols: list[str]) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def measure(row: dict, sets: list[dict], eager, compiled, fusionc_fn) -> dict:
+    """Fill ``row`` with the times of every variant on the same buffer sets (µs), fusionc's
+    error against eager on a copy of the first set, its efficiency against ``row["floor_us"]``
+    and its speed-up over the baselines. ``compiled``/``fusionc_fn`` may be None (skipped)."""
+    row["eager_us"] = time_graph([lambda s=s: eager(s) for s in sets]) * 1e6
+    if compiled is not None:
+        row["compile_us"] = time_graph([lambda s=s: compiled(s) for s in sets]) * 1e6
+    if fusionc_fn is None:
+        return row
+    ref = eager({k: v.clone() for k, v in sets[0].items()})
+    got = fusionc_fn(**{k: v.clone() for k, v in sets[0].items()})[0]
+    row["err"] = f"{rel_err(got, ref):.1e}"
+    row["fusionc_us"] = time_graph([lambda s=s: fusionc_fn(**s) for s in sets]) * 1e6
+    row["eff_%"] = 100 * row["floor_us"] / row["fusionc_us"]
+    for base in ("compile", "eager"):
+        if f"{base}_us" in row:
+            row[f"vs_{base}"] = f"{row[f'{base}_us'] / row['fusionc_us']:.2f}x"
+    return row

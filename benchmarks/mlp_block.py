@@ -58,17 +58,7 @@ def run_point(name, m, batch, bw, fn):
     compiled = None if NO_COMPILE else torch.compile(eager, mode="max-autotune-no-cudagraphs",
                                                      dynamic=False)
     row = dict(model=name, batch=batch, floor_us=nbytes / bw * 1e6)
-    row["eager_us"] = common.time_graph([lambda s=s: eager(s) for s in sets]) * 1e6
-    if compiled is not None:
-        row["compile_us"] = common.time_graph([lambda s=s: compiled(s) for s in sets]) * 1e6
-    if fn is not None:
-        row["err"] = f"{common.rel_err(fn(**sets[0])[0], eager(sets[0])):.1e}"
-        row["fusionc_us"] = common.time_graph([lambda s=s: fn(**s) for s in sets]) * 1e6
-        row["eff_%"] = 100 * row["floor_us"] / row["fusionc_us"]
-        if "compile_us" in row:
-            row["vs_compile"] = f"{row['compile_us'] / row['fusionc_us']:.2f}x"
-        row["vs_eager"] = f"{row['eager_us'] / row['fusionc_us']:.2f}x"
-    return row
+    return common.measure(row, sets, eager, compiled, fn)
 
 
 NO_COMPILE = False

@@ -115,12 +115,13 @@ def simulator_check(g, lowered, batch: int = 2, seed: int = 0) -> str:
     random inputs; one line with the relative error of each output."""
     import numpy as np
     from fusionc.interp import interpret
+    from fusionc.interp.numerics import defined_relative_error
     from fusionc.sim import simulate
     rng = np.random.default_rng(seed)
     args = random_inputs(g, batch, rng)
     ref = interpret(g, args)
     got = simulate(lowered, args, graph=g.name)
-    errs = [_rel_err(a, r) for a, r in zip(got, ref)]
+    errs = [defined_relative_error(a, r) for a, r in zip(got, ref)]
     ok = all(e <= 1e-2 for e in errs)
     return (f"simulator check @{g.name} (batch {batch}): "
             + ", ".join(f"{v.name} {e:.1e}" for v, e in zip(g.outputs, errs))
@@ -153,15 +154,3 @@ def random_inputs(g, batch: int, rng, max_len: int = 37) -> dict:
             n = lens if lens is not None else np.ones(batch, int)
             out[p.name] = (n - (p.name.startswith("pos"))).astype(p.type.dtype.numpy)
     return out
-
-
-def _rel_err(out, ref) -> float:
-    """‖out − ref‖ / ‖ref‖ where ref is defined (cache tails hold NaN on purpose); NaN in out
-    where ref is defined counts as infinite error."""
-    import numpy as np
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    keep = ~np.isnan(ref)
-    if not keep.any() or np.isnan(out[keep]).any():
-        return float("inf")  # nothing to compare (a NaN reference) is a failure, not a pass
-    den = np.linalg.norm(ref[keep])
-    return float(np.linalg.norm((out - ref)[keep]) / (den or 1.0))

@@ -67,7 +67,8 @@ def run_graph(g, args) -> tuple[str, bool]:
     """Compile, run, check and time one graph; returns the report line and pass/fail."""
     import numpy as np
     import fusionc
-    from fusionc.commands.compile import _rel_err, random_inputs
+    from fusionc.commands.compile import random_inputs
+    from fusionc.interp.numerics import defined_relative_error
     from fusionc.interp import interpret
     from fusionc.runtime.transfer import download
     from fusionc.runtime.arrays import require_gpu
@@ -77,7 +78,8 @@ def run_graph(g, args) -> tuple[str, bool]:
     ref = interpret(g, inputs, precise=True)
     dev = _upload(g, inputs)
     outs = fn(**dev)
-    errs = [_rel_err(download(o, v.type.dtype), r) for o, v, r in zip(outs, g.outputs, ref)]
+    errs = [defined_relative_error(download(o, v.type.dtype), r)
+            for o, v, r in zip(outs, g.outputs, ref)]
     tol = 1e-4 if all(v.type.dtype.value == "f32" for v in g.outputs) else 1e-2
     ok = all(e <= tol for e in errs)
     us = _time(fn, dev, args.reps)

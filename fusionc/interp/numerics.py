@@ -46,3 +46,13 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")
     return num / den
+
+
+def defined_relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """:func:`relative_error` over the entries where ``ref`` is not NaN (KV-cache tails hold NaN
+    on purpose). NaN in ``out`` where ``ref`` is defined, or nothing defined at all, is inf."""
+    o, r = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    keep = ~np.isnan(r)
+    if not keep.any() or np.isnan(o[keep]).any():
+        return float("inf")
+    return relative_error(o[keep], r[keep])

@@ -21,7 +21,7 @@ from __future__ import annotations
 from fusionc.errors import LoweringError
 from fusionc.ir.nodes import Graph
 from fusionc.lower.builder import KernelBuilder
-from fusionc.lower.collectives import all_gather, all_reduce
+from fusionc.lower.collectives import all_gather, all_reduce, project_and_sum
 from fusionc.lower.match import AttentionStage
 
 
@@ -140,13 +140,5 @@ def _output(b: KernelBuilder, st: AttentionStage, o, size: int, G: int, D: int) 
         with b.when("rank", 0, 1):
             b.op("store", out, o, offsets=["0", f"{G}*cluster", "0"])
         return
-    n = st.o_proj.type.shape[0] // size
     flat = b.op("reshape", o, shape=[B, G * D], hint="of")
-    part = b.op("gemv", flat, b.param(st.o_proj), row=f"{n}*rank", col=f"{G * D}*cluster",
-                rows=n, hint="y")
-    init = []
-    if st.residual is not None:
-        r = b.op("load", b.param(st.residual), offsets=["0", f"{n}*rank"], sizes=[B, n],
-                 hint="res")
-        init = [b.op("cast", r, dtype="f32", hint="res32")]
-    b.op("grid_reduce", out, part, *init, offsets=["0", f"{n}*rank"])
+    project_and_sum(b, flat, st.o_proj, out, st.residual, size, f"{G * D}*cluster")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from fusionc.errors import LoweringError
 from fusionc.ir.nodes import Graph
 from fusionc.lower.builder import KernelBuilder
-from fusionc.lower.collectives import all_gather
+from fusionc.lower.collectives import all_gather, project_and_sum
 from fusionc.lower.match import MLPStage
 
 
@@ -49,13 +49,6 @@ def lower_mlp(st: MLPStage, name: str, size: int, grid: int, max_batch: int,
                b.op("cast", up, dtype=dt, hint="u16"), hint="act")
     if size > 1:
         act = all_gather(b, act, axis=1, size=size, hint="act_g")
-    n = hidden // size
-    part = b.op("gemv", act, b.param(st.down), row=f"{n}*rank", col=f"{R * size}*cluster",
-                rows=n, hint="y")
-    init = []
-    if st.residual is not None:
-        r = b.op("load", b.param(st.residual), offsets=["0", f"{n}*rank"], sizes=[B, n],
-                 hint="res")
-        init = [b.op("cast", r, dtype="f32", hint="res32")]
-    b.op("grid_reduce", b.output(st.out, pure=True), part, *init, offsets=["0", f"{n}*rank"])
+    project_and_sum(b, act, st.down, b.output(st.out, pure=True), st.residual, size,
+                    f"{R * size}*cluster")
     return b.build(grid=grid, cluster=size, threads=threads, max_batch=max_batch)
