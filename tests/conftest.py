@@ -18,7 +18,11 @@ except ImportError:  # hypothesis is a dev extra; tests that need it import it t
 
 if settings is not None:
     settings.register_profile(
-        "ci", deadline=None, max_examples=50, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+        "ci",
+        deadline=None,
+        max_examples=50,
+        suppress_health_check=[HealthCheck.too_slow],
+        print_blob=True,
     )
     settings.register_profile("dev", deadline=None, max_examples=25)
     settings.load_profile("ci" if os.environ.get("CI") else "dev")

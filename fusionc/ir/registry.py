@@ -11,6 +11,7 @@ The text syntax is the generic form for every op, derived from this entry:
 ``%r = name(%a, %b) {attr = value, ...} : type``. Adding an op means one module calling
 :func:`register`, one template and one test file.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,13 +51,18 @@ class AttrKind:
     def describe(self) -> str:
         if self.name == "enum":
             return "one of " + ", ".join(self.choices)
-        return {"int": "an integer", "float": "a number", "bool": "true or false",
-                "str": 'a quoted string', "ints": "a list of integers [1, 2]",
-                "dims": "a list of sizes or symbols [B, 4096]", "symbol": "a reference @name",
-                "floats": "a list of numbers",
-                "affine": 'an index expression such as "128*cluster + 32*rank + 4"',
-                "affines": 'a list of index expressions ["cluster", "32*rank"]'}[self.name] + (
-                    f" >= {self.min:g}" if self.min is not None else "")
+        return {
+            "int": "an integer",
+            "float": "a number",
+            "bool": "true or false",
+            "str": "a quoted string",
+            "ints": "a list of integers [1, 2]",
+            "dims": "a list of sizes or symbols [B, 4096]",
+            "symbol": "a reference @name",
+            "floats": "a list of numbers",
+            "affine": 'an index expression such as "128*cluster + 32*rank + 4"',
+            "affines": 'a list of index expressions ["cluster", "32*rank"]',
+        }[self.name] + (f" >= {self.min:g}" if self.min is not None else "")
 
     def convert(self, v: Any) -> Any:
         """Normalize ``v`` to this kind or raise ValueError with what is expected."""
@@ -75,8 +81,9 @@ class AttrKind:
                 try:
                     v = float(int(v))
                 except OverflowError:
-                    raise ValueError(f"expected {self.describe()}, got an integer out of the "
-                                     "range of a double") from None
+                    raise ValueError(
+                        f"expected {self.describe()}, got an integer out of the range of a double"
+                    ) from None
             elif isinstance(v, numbers.Real) and not isinstance(v, bool):
                 v = float(v)
             elif isinstance(v, Ident) and v in ("inf", "-inf"):
@@ -96,6 +103,7 @@ class AttrKind:
             return v
         if n == "affine":
             from fusionc.ir.affine import Affine, parse_affine
+
             if isinstance(v, Affine):
                 return v
             if isinstance(v, int) and not isinstance(v, bool):
@@ -131,8 +139,7 @@ class AttrKind:
         if self.name == "affines":
             return "[" + ", ".join(_quote(str(x)) for x in v) + "]"
         if isinstance(v, tuple):
-            return "[" + ", ".join(self.format(x) if not isinstance(x, str) else x
-                                   for x in v) + "]"
+            return "[" + ", ".join(self.format(x) if not isinstance(x, str) else x for x in v) + "]"
         if self.name == "str":
             return _quote(v)
         return str(v)
@@ -140,6 +147,7 @@ class AttrKind:
 
 def _quote(s: str) -> str:
     import json
+
     return json.dumps(s, ensure_ascii=True)
 
 
@@ -156,7 +164,12 @@ def _show(v: Any) -> str:
 
 
 INT, FLOAT, BOOL, STR = AttrKind("int"), AttrKind("float"), AttrKind("bool"), AttrKind("str")
-INTS, DIMS, SYMBOL, FLOATS = AttrKind("ints"), AttrKind("dims"), AttrKind("symbol"), AttrKind("floats")
+INTS, DIMS, SYMBOL, FLOATS = (
+    AttrKind("ints"),
+    AttrKind("dims"),
+    AttrKind("symbol"),
+    AttrKind("floats"),
+)
 POS_INT = AttrKind("int", min=1)
 NONNEG_INT = AttrKind("int", min=0)
 AFFINE, AFFINES = AttrKind("affine"), AttrKind("affines")
@@ -205,8 +218,12 @@ class Cost:
     dsm_bytes: int = 0
 
     def __add__(self, o: "Cost") -> "Cost":
-        return Cost(self.bytes_read + o.bytes_read, self.bytes_written + o.bytes_written,
-                    self.flops + o.flops, self.dsm_bytes + o.dsm_bytes)
+        return Cost(
+            self.bytes_read + o.bytes_read,
+            self.bytes_written + o.bytes_written,
+            self.flops + o.flops,
+            self.dsm_bytes + o.dsm_bytes,
+        )
 
     @property
     def bytes(self) -> int:
@@ -272,8 +289,9 @@ class OpDef:
     def signature(self) -> str:
         """Human-readable generic syntax, used in error messages."""
         ops = ", ".join("%" + o for o in self.operands)
-        ats = ", ".join(f"{a.name} = <{a.kind.describe()}>" + ("" if a.required else "?")
-                        for a in self.attrs)
+        ats = ", ".join(
+            f"{a.name} = <{a.kind.describe()}>" + ("" if a.required else "?") for a in self.attrs
+        )
         return f"{self.name}({ops})" + (f" {{{ats}}}" if ats else "")
 
     def make_attrs(self, given: dict[str, Any], loc=None) -> tuple[tuple[str, Any], ...]:
@@ -282,14 +300,22 @@ class OpDef:
         names = [a.name for a in self.attrs]
         for k in given:
             if k not in names:
-                raise VerifyError(f"unknown attribute '{k}'", op=self.name, loc=loc,
-                                  valid=", ".join(names) if names else "no attributes")
+                raise VerifyError(
+                    f"unknown attribute '{k}'",
+                    op=self.name,
+                    loc=loc,
+                    valid=", ".join(names) if names else "no attributes",
+                )
         out = []
         for a in self.attrs:
             if a.name not in given:
                 if a.required:
-                    raise VerifyError(f"missing attribute '{a.name}'", op=self.name, loc=loc,
-                                      valid=self.signature())
+                    raise VerifyError(
+                        f"missing attribute '{a.name}'",
+                        op=self.name,
+                        loc=loc,
+                        valid=self.signature(),
+                    )
                 out.append((a.name, a.default))
                 continue
             try:
@@ -372,8 +398,11 @@ def same_dtype(op: Op, *types: TensorType) -> DType:
     """The common dtype of ``types``; a VerifyError if they differ (no implicit casts)."""
     dts = {t.dtype for t in types}
     if len(dts) > 1:
-        fail(op, "operands have mixed dtypes " + ", ".join(str(t) for t in types),
-             "operands of one dtype; insert cast(%x) {dtype = ...}")
+        fail(
+            op,
+            "operands have mixed dtypes " + ", ".join(str(t) for t in types),
+            "operands of one dtype; insert cast(%x) {dtype = ...}",
+        )
     return types[0].dtype
 
 

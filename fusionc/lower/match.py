@@ -6,6 +6,7 @@ projection, residual add). Nothing depends on model names; what varies between m
 QK-norm, head_dim, hidden ≠ heads·head_dim, no RoPE, fused or separate projections) is data in
 the stage description.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -102,8 +103,12 @@ class Dataflow:
 
     def param(self, v: Value, what: str, at: Op) -> Value:
         if v.name not in self.params:
-            raise LoweringError(f"{what} %{v.name} is computed in the graph", op=at.name,
-                                loc=at.loc, valid=f"{what} as a graph parameter")
+            raise LoweringError(
+                f"{what} %{v.name} is computed in the graph",
+                op=at.name,
+                loc=at.loc,
+                valid=f"{what} as a graph parameter",
+            )
         return v
 
 
@@ -114,19 +119,31 @@ def projection(df: Dataflow, v: Value, at: Op) -> tuple[Rows, Value, list[Op]]:
     sp = df.producer(v, "split")
     if sp is not None:
         if sp.attr("axis") % sp.operands[0].type.rank != sp.operands[0].type.rank - 1:
-            raise LoweringError("split of a projection not along features", op=sp.name,
-                                loc=sp.loc, valid="split along the last axis")
+            raise LoweringError(
+                "split of a projection not along features",
+                op=sp.name,
+                loc=sp.loc,
+                valid="split along the last axis",
+            )
         idx = [r.name for r in sp.results].index(v.name)
         row0 = sum(sp.attr("sizes")[:idx])
         ops.append(sp)
         v = sp.operands[0]
     lin = df.producer(v, "linear")
     if lin is None:
-        raise LoweringError(f"%{v.name} is not produced by a linear projection", op=at.name,
-                            loc=at.loc, valid="q, k, v (and gate, up) from linear(h, w)")
+        raise LoweringError(
+            f"%{v.name} is not produced by a linear projection",
+            op=at.name,
+            loc=at.loc,
+            valid="q, k, v (and gate, up) from linear(h, w)",
+        )
     if len(lin.operands) == 3:
-        raise LoweringError("projection bias is not supported by the fused lowering yet",
-                            op=lin.name, loc=lin.loc, valid="linear(x, w) without bias")
+        raise LoweringError(
+            "projection bias is not supported by the fused lowering yet",
+            op=lin.name,
+            loc=lin.loc,
+            valid="linear(x, w) without bias",
+        )
     w = df.param(lin.operands[1], "projection weight", lin)
     n = v.type.shape[-1] if sp is None else sp.attr("sizes")[idx]
     return Rows(w, row0, n), lin.operands[0], ops + [lin]
@@ -138,11 +155,18 @@ def input_norm(df: Dataflow, h: Value, at: Op) -> tuple[Value, Norm | None, list
     n = df.producer(h, "rms_norm")
     x, norm, ops = h, None, []
     if n is not None:
-        x, norm, ops = n.operands[0], Norm(df.param(n.operands[1], "norm weight", n),
-                                           n.attr("eps")), [n]
+        x, norm, ops = (
+            n.operands[0],
+            Norm(df.param(n.operands[1], "norm weight", n), n.attr("eps")),
+            [n],
+        )
     if x.type.rank != 2:
-        raise LoweringError(f"the block input %{x.name} has type {x.type}", op=at.name,
-                            loc=at.loc, valid="a hidden state of shape [B, hidden]")
+        raise LoweringError(
+            f"the block input %{x.name} has type {x.type}",
+            op=at.name,
+            loc=at.loc,
+            valid="a hidden state of shape [B, hidden]",
+        )
     return x, norm, ops
 
 

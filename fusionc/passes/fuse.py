@@ -15,6 +15,7 @@ one launch have no grid-wide ordering, and A's outputs are complete only after i
 RMSNorm needs the whole new hidden state. Programmatic dependent launch hides such boundaries
 (issue 8) instead of removing them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,9 +45,14 @@ class Fuse(Pass):
         body: list[Op] = []
         for op in g.body:
             prev = body[-1] if body else None
-            if op.name == "launch" and prev is not None and prev.name == "launch" and \
-                    mergeable(kernels[prev.attr("kernel").name], kernels[op.attr("kernel").name],
-                              prev, op):
+            if (
+                op.name == "launch"
+                and prev is not None
+                and prev.name == "launch"
+                and mergeable(
+                    kernels[prev.attr("kernel").name], kernels[op.attr("kernel").name], prev, op
+                )
+            ):
                 body[-1] = merge(kernels, prev, op)
             else:
                 body.append(op)
@@ -75,8 +81,16 @@ def merge(kernels: dict[str, Graph], la: Op, lb: Op) -> Op:
         names = _param_names(k, launch)
         ops = tuple(_rename(op, names, tag) for op in k.body)
         if k.attr("grid") < grid:
-            ops = (Op("when", (), (), lookup("when").make_attrs(
-                {"on": "cluster", "lo": 0, "hi": k.attr("grid")}), (ops,), k.loc),)
+            ops = (
+                Op(
+                    "when",
+                    (),
+                    (),
+                    lookup("when").make_attrs({"on": "cluster", "lo": 0, "hi": k.attr("grid")}),
+                    (ops,),
+                    k.loc,
+                ),
+            )
         body += ops
         for v, r in zip(k.outputs, launch.results):
             outs[r.name] = Value(names[v.name], v.type)
@@ -85,12 +99,25 @@ def merge(kernels: dict[str, Graph], la: Op, lb: Op) -> Op:
     attrs = dict(ka.attrs)
     attrs["grid"] = grid
     attrs["max_batch"] = max(ka.attr("max_batch"), kb.attr("max_batch"))
-    kernel = Graph(name, tuple(ins.values()) + tuple(pure), tuple(body), tuple(outs.values()),
-                   "kernel", func_kind("kernel").make_attrs(attrs), ka.loc)
+    kernel = Graph(
+        name,
+        tuple(ins.values()) + tuple(pure),
+        tuple(body),
+        tuple(outs.values()),
+        "kernel",
+        func_kind("kernel").make_attrs(attrs),
+        ka.loc,
+    )
     kernels[name] = kernel
     results = la.results + lb.results
-    return Op("launch", results, tuple(ins.values()),
-              lookup("launch").make_attrs({"kernel": SymbolRef(name)}), (), la.loc)
+    return Op(
+        "launch",
+        results,
+        tuple(ins.values()),
+        lookup("launch").make_attrs({"kernel": SymbolRef(name)}),
+        (),
+        la.loc,
+    )
 
 
 def _param_names(k: Graph, launch: Op) -> dict[str, str]:
@@ -104,5 +131,9 @@ def _param_names(k: Graph, launch: Op) -> dict[str, str]:
 def _rename(op: Op, names: dict[str, str], tag: str) -> Op:
     def val(v: Value) -> Value:
         return Value(names.get(v.name, f"{tag}.{v.name}"), v.type)
-    return op.replace(results=tuple(map(val, op.results)), operands=tuple(map(val, op.operands)),
-                      regions=tuple(tuple(_rename(o, names, tag) for o in r) for r in op.regions))
+
+    return op.replace(
+        results=tuple(map(val, op.results)),
+        operands=tuple(map(val, op.operands)),
+        regions=tuple(tuple(_rename(o, names, tag) for o in r) for r in op.regions),
+    )

@@ -77,7 +77,9 @@ def _nvrtc():
     try:
         from cuda.bindings import nvrtc
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise NVRTCError(f"cuda-bindings is not installed ({e}); pip install 'cuda-bindings>=13.0,<14'") from e
+        raise NVRTCError(
+            f"cuda-bindings is not installed ({e}); pip install 'cuda-bindings>=13.0,<14'"
+        ) from e
     return nvrtc
 
 
@@ -166,10 +168,14 @@ def compile_cubin(
     (`-std=c++17 -Xptxas=-v -lineinfo`), then `options`. Raises NVRTCError with the log on failure.
     """
     if not arch.startswith("sm_"):
-        raise NVRTCError(f"arch must be a real GPU arch such as 'sm_90a' to get a cubin, not {arch!r}")
+        raise NVRTCError(
+            f"arch must be a real GPU arch such as 'sm_90a' to get a cubin, not {arch!r}"
+        )
     nvrtc = _nvrtc()
     opts = (f"-arch={arch}", *(f"-I{d}" for d in include_dirs()), *DEFAULT_OPTIONS, *options)
-    prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
+    prog = _check(
+        nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram"
+    )
     try:
         encoded = [o.encode() for o in opts]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
@@ -178,7 +184,9 @@ def compile_cubin(
         _check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
         log = buf.rstrip(b"\0 \n").decode(errors="replace")
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise NVRTCError(f"NVRTC failed to compile {name} for {arch} ({status.name}):\n{log}", log)
+            raise NVRTCError(
+                f"NVRTC failed to compile {name} for {arch} ({status.name}):\n{log}", log
+            )
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = b" " * size
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")

@@ -9,6 +9,7 @@
 - :func:`graph_ops_kernel` / :func:`graph_ops_graph` — graph ops inside a kernel, and the same
   ops as a graph for the interpreter.
 """
+
 from __future__ import annotations
 
 
@@ -16,17 +17,29 @@ def _big(size: int) -> str:
     return "nonportable = true, " if size == 16 else ""
 
 
-def attention_kernel(heads: int = 2, group: int = 2, head_dim: int = 128, cluster: int = 4,
-                     max_seq: int = 300, dtype: str = "f16", max_batch: int = 4,
-                     tile: int = 16, append: bool = True) -> str:
+def attention_kernel(
+    heads: int = 2,
+    group: int = 2,
+    head_dim: int = 128,
+    cluster: int = 4,
+    max_seq: int = 300,
+    dtype: str = "f16",
+    max_batch: int = 4,
+    tile: int = 16,
+    append: bool = True,
+) -> str:
     """q: [B, heads*group, D]; caches [B, S, heads, D]; y: [B, heads*group, D]."""
     g, d, h, c, s, dt = group, head_dim, heads, cluster, max_seq, dtype
-    scale = 1.0 / d ** 0.5
-    app = """  when() {on = rank, lo = 0, hi = 1} ({
+    scale = 1.0 / d**0.5
+    app = (
+        """  when() {on = rank, lo = 0, hi = 1} ({
     kv_append(%kc, %kn, %pt) {kv_head = "cluster"}
     kv_append(%vc, %vn, %pt) {kv_head = "cluster"}
   })
-""" if append else ""
+"""
+        if append
+        else ""
+    )
     outs = "%y, %kc, %vc" if append else "%y"
     return f"""kernel @attn {{grid = {h}, cluster = {c}, {_big(c)}threads = 128, max_batch = {max_batch}}} (%q: {dt}[B, {g * h}, {d}], %kc: {dt}[B, {s}, {h}, {d}], %vc: {dt}[B, {s}, {h}, {d}], %lens: i32[B], %pos: i32[B], %knew: {dt}[B, {h * d}], %vnew: {dt}[B, {h * d}], %y: {dt}[B, {g * h}, {d}]) {{
   %qt = load(%q) {{offsets = ["0", "{g}*cluster", "0"], sizes = [B, {g}, {d}]}} : {dt}[B, {g}, {d}]
@@ -54,8 +67,7 @@ def attention_kernel(heads: int = 2, group: int = 2, head_dim: int = 128, cluste
 """
 
 
-def masked_gemv(size: int, grid: int, k_tile: int, n_tile: int, k: int, n: int,
-                dtype: str) -> str:
+def masked_gemv(size: int, grid: int, k_tile: int, n_tile: int, k: int, n: int, dtype: str) -> str:
     """y = x @ w.T with w: [n, k] split-K over the cluster (tiles of k_tile columns) and split-N
     over clusters (n_tile rows); every access masked, so k and n may be anything."""
     return f"""kernel @mgemv {{grid = {grid}, cluster = {size}, {_big(size)}max_batch = 8}} (%x: {dtype}[B, {k}], %w: {dtype}[{n}, {k}], %y: {dtype}[B, {n}]) {{
@@ -110,12 +122,12 @@ _GRAPH_BODY = """  %h = reshape(%x) {{shape = [B, {heads}, {d}]}} : {dt}[B, {hea
 """
 
 
-def graph_ops_kernel(heads: int = 2, d: int = 64, dtype: str = "f16", style: str = "neox",
-                     rot: int = 32) -> str:
+def graph_ops_kernel(
+    heads: int = 2, d: int = 64, dtype: str = "f16", style: str = "neox", rot: int = 32
+) -> str:
     """One CTA: load x, then the graph ops of :func:`graph_ops_graph`, store the result."""
     hd = heads * d
-    body = _GRAPH_BODY.format(heads=heads, d=d, dt=dtype, style=style, rot=rot, hd=hd,
-                              half=hd // 2)
+    body = _GRAPH_BODY.format(heads=heads, d=d, dt=dtype, style=style, rot=rot, hd=hd, half=hd // 2)
     return f"""kernel @ops {{grid = 1, cluster = 1, threads = 128, max_batch = 4}} (%xg: {dtype}[B, {hd}], %wg: {dtype}[{d}], %pg: i32[B], %y: f32[B, {hd // 2}]) {{
   %x = load(%xg) {{offsets = ["0", "0"], sizes = [B, {hd}]}} : {dtype}[B, {hd}]
   %wn = load(%wg) {{offsets = ["0"], sizes = [{d}]}} : {dtype}[{d}]
@@ -126,12 +138,12 @@ def graph_ops_kernel(heads: int = 2, d: int = 64, dtype: str = "f16", style: str
 """
 
 
-def graph_ops_graph(heads: int = 2, d: int = 64, dtype: str = "f16", style: str = "neox",
-                    rot: int = 32) -> str:
+def graph_ops_graph(
+    heads: int = 2, d: int = 64, dtype: str = "f16", style: str = "neox", rot: int = 32
+) -> str:
     """The ops of :func:`graph_ops_kernel` as a graph (for the interpreter)."""
     hd = heads * d
-    body = _GRAPH_BODY.format(heads=heads, d=d, dt=dtype, style=style, rot=rot, hd=hd,
-                              half=hd // 2)
+    body = _GRAPH_BODY.format(heads=heads, d=d, dt=dtype, style=style, rot=rot, hd=hd, half=hd // 2)
     return f"""graph @ops(%x: {dtype}[B, {hd}], %wn: {dtype}[{d}], %pos: i32[B]) {{
 {body}  return %c
 }}

@@ -2,6 +2,7 @@
 attn_rescale, attn_finish, kv_append) against the simulator and a float64 reference, with KV
 lengths 1, 15, 16, 17, 255, 257 (and 0, 37), NaN in the caches past each row's length, more
 chunks than tokens, and a length-0 row that must come out exactly 0."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,12 @@ from fusionc.sim import simulate_kernel
 from tests.codegen.programs import attention_kernel
 from tests.gpu.common import kernel, record, rel
 
-CONFIGS = [dict(), dict(head_dim=64, group=4, dtype="bf16", cluster=8),
-           dict(head_dim=72, group=1, dtype="f32", cluster=2), dict(cluster=16)]
+CONFIGS = [
+    dict(),
+    dict(head_dim=64, group=4, dtype="bf16", cluster=8),
+    dict(head_dim=72, group=1, dtype="f32", cluster=2),
+    dict(cluster=16),
+]
 LENGTHS = [[1, 15, 16, 17], [255, 257, 0, 37]]
 S = 300
 
@@ -37,7 +42,7 @@ def reference(a, heads, group, d, scale):
         for h in range(heads):
             keys, vals = kc[b, :n, h].copy(), vc[b, :n, h].copy()
             if 0 <= p < n:
-                keys[p], vals[p] = kn[b, h * d:(h + 1) * d], vn[b, h * d:(h + 1) * d]
+                keys[p], vals[p] = kn[b, h * d : (h + 1) * d], vn[b, h * d : (h + 1) * d]
             for g in range(h * group, (h + 1) * group):
                 if n:
                     s = keys @ q[b, g] * scale
@@ -50,15 +55,25 @@ def inputs(cfg, lengths, dt, rng):
     heads, group, d = 2, cfg.get("group", 2), cfg.get("head_dim", 128)
     b = len(lengths)
     lens = np.array(lengths, np.int32)
-    a = {"q": rng.standard_normal((b, heads * group, d)),
-         "kc": rng.standard_normal((b, S, heads, d)), "vc": rng.standard_normal((b, S, heads, d)),
-         "lens": lens, "pos": np.maximum(lens - 1, 0).astype(np.int32),
-         "knew": rng.standard_normal((b, heads * d)), "vnew": rng.standard_normal((b, heads * d)),
-         "y": np.full((b, heads * group, d), np.nan)}
+    a = {
+        "q": rng.standard_normal((b, heads * group, d)),
+        "kc": rng.standard_normal((b, S, heads, d)),
+        "vc": rng.standard_normal((b, S, heads, d)),
+        "lens": lens,
+        "pos": np.maximum(lens - 1, 0).astype(np.int32),
+        "knew": rng.standard_normal((b, heads * d)),
+        "vnew": rng.standard_normal((b, heads * d)),
+        "y": np.full((b, heads * group, d), np.nan),
+    }
     for i, n in enumerate(lengths):  # poison past the length
         a["kc"][i, n:] = np.nan
         a["vc"][i, n:] = np.nan
-    return {k: (round_to(v, dt) if v.dtype.kind == "f" else v) for k, v in a.items()}, heads, group, d
+    return (
+        {k: (round_to(v, dt) if v.dtype.kind == "f" else v) for k, v in a.items()},
+        heads,
+        group,
+        d,
+    )
 
 
 @pytest.mark.gpu
@@ -66,16 +81,20 @@ def inputs(cfg, lengths, dt, rng):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 def test_attention_tile_program(cfg, lengths):
     from fusionc.runtime.run import run_kernel
+
     k = case(cfg)
     dt = DType(cfg.get("dtype", "f16"))
     a, heads, group, d = inputs(cfg, lengths, dt, np.random.default_rng(sum(lengths)))
     want = simulate_kernel(k, a)
     got = run_kernel(k, a)
-    ref = reference(a, heads, group, d, 1.0 / d ** 0.5)
+    ref = reference(a, heads, group, d, 1.0 / d**0.5)
     y = got["y"].astype(np.float64)
     e_sim, e_ref = rel(y, want["y"]), rel(y, ref)
-    record("attention", f"{dt} D={d} G={group} C={cfg.get('cluster', 4)} lens={lengths}",
-           f"vs sim {e_sim:.1e}, vs float64 {e_ref:.1e}")
+    record(
+        "attention",
+        f"{dt} D={d} G={group} C={cfg.get('cluster', 4)} lens={lengths}",
+        f"vs sim {e_sim:.1e}, vs float64 {e_ref:.1e}",
+    )
     assert not np.isnan(y).any()
     tol = 1e-5 if dt == DType.f32 else 1e-2
     assert e_sim <= tol and e_ref <= tol

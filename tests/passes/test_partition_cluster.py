@@ -1,5 +1,6 @@
 """partition-cluster: simulate(lower(g)) matches interpret(g) over random configurations, and
 the lowered IR of the Llama examples keeps its shape (filecheck)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,21 +28,45 @@ def attention_configs(draw):
     batch = draw(st.integers(1, 8))
     max_seq = draw(st.integers(1, 40))
     lens = draw(st.lists(st.integers(0, max_seq), min_size=batch, max_size=batch))
-    return dict(size=size, kv_heads=kv_heads, heads=kv_heads * group, head_dim=head_dim,
-                hidden=hidden, batch=batch, max_seq=max_seq, lens=lens,
-                qk_norm=draw(st.booleans()), scheme=draw(st.sampled_from(["splitk", "splitn"])),
-                dtype=draw(st.sampled_from(["f16", "bf16"])), seed=draw(st.integers(0, 2**16)))
+    return dict(
+        size=size,
+        kv_heads=kv_heads,
+        heads=kv_heads * group,
+        head_dim=head_dim,
+        hidden=hidden,
+        batch=batch,
+        max_seq=max_seq,
+        lens=lens,
+        qk_norm=draw(st.booleans()),
+        scheme=draw(st.sampled_from(["splitk", "splitn"])),
+        dtype=draw(st.sampled_from(["f16", "bf16"])),
+        seed=draw(st.integers(0, 2**16)),
+    )
 
 
 def _attention_graph(c):
     if c["qk_norm"]:
-        m = example("qwen3_qk_norm", hidden=c["hidden"], heads=c["heads"],
-                    kv_heads=c["kv_heads"], head_dim=c["head_dim"], intermediate=64,
-                    max_seq=c["max_seq"], dtype=c["dtype"])
+        m = example(
+            "qwen3_qk_norm",
+            hidden=c["hidden"],
+            heads=c["heads"],
+            kv_heads=c["kv_heads"],
+            head_dim=c["head_dim"],
+            intermediate=64,
+            max_seq=c["max_seq"],
+            dtype=c["dtype"],
+        )
     else:
-        m = example("llama3_8b", hidden=c["hidden"], heads=c["heads"], kv_heads=c["kv_heads"],
-                    head_dim=c["head_dim"], intermediate=64, max_seq=c["max_seq"],
-                    dtype=c["dtype"])
+        m = example(
+            "llama3_8b",
+            hidden=c["hidden"],
+            heads=c["heads"],
+            kv_heads=c["kv_heads"],
+            head_dim=c["head_dim"],
+            intermediate=64,
+            max_seq=c["max_seq"],
+            dtype=c["dtype"],
+        )
     return m
 
 
@@ -65,13 +90,25 @@ def test_attention_block_lowering_matches_interpreter(c):
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(size=st.sampled_from([1, 2, 4, 8, 16]), hidden_mult=st.integers(1, 4),
-       inter=st.sampled_from([64, 96, 128, 192]), batch=st.integers(1, 8),
-       dtype=st.sampled_from(["f16", "bf16"]), seed=st.integers(0, 2**16))
+@given(
+    size=st.sampled_from([1, 2, 4, 8, 16]),
+    hidden_mult=st.integers(1, 4),
+    inter=st.sampled_from([64, 96, 128, 192]),
+    batch=st.integers(1, 8),
+    dtype=st.sampled_from(["f16", "bf16"]),
+    seed=st.integers(0, 2**16),
+)
 def test_mlp_block_lowering_matches_interpreter(size, hidden_mult, inter, batch, dtype, seed):
     hidden = 16 * size * hidden_mult
-    m = example("llama2_7b", hidden=hidden, heads=1, head_dim=hidden, intermediate=inter,
-                max_seq=4, dtype=dtype)
+    m = example(
+        "llama2_7b",
+        hidden=hidden,
+        heads=1,
+        head_dim=hidden,
+        intermediate=inter,
+        max_seq=4,
+        dtype=dtype,
+    )
     try:
         low = run_pipeline(Module((m["mlp"],)), f"partition-cluster{{size={size}}}")
     except LoweringError as e:  # no grid divides the intermediate size for this C
@@ -84,8 +121,16 @@ def test_mlp_block_lowering_matches_interpreter(size, hidden_mult, inter, batch,
 
 def test_empty_rows_give_zero_attention():
     """seq_len 0 rows and more splits than tokens: zeros, no NaN (ANCHORS failure classes)."""
-    m = example("llama3_8b", hidden=64, heads=4, kv_heads=2, head_dim=64, intermediate=64,
-                max_seq=8, dtype="f16")
+    m = example(
+        "llama3_8b",
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        intermediate=64,
+        max_seq=8,
+        dtype="f16",
+    )
     low = run_pipeline(m, "partition-cluster{size=8,scheme=splitk}")
     args = inputs(m["attention"], 4, [5, 0, 1, 8], np.random.default_rng(0))
     out = simulate(low, args, graph="attention")
@@ -98,7 +143,9 @@ def test_empty_rows_give_zero_attention():
 
 def test_llama2_golden_ir():
     low = run_pipeline(example("llama2_7b"), "partition-cluster{size=4,scheme=splitk}")
-    filecheck(print_module(low), """
+    filecheck(
+        print_module(low),
+        """
         CHECK: kernel @attention_k0 {grid = 32, cluster = 4, threads = 256
         CHECK: load(%x) {offsets = ["0", "1024*rank"], sizes = [B, 1024]
         CHECK: reduce({{%\\w+}}) {op = sumsq
@@ -123,12 +170,15 @@ def test_llama2_golden_ir():
         CHECK: kernel @mlp_k0
         CHECK: silu_mul
         CHECK: grid_reduce
-    """)
+    """,
+    )
 
 
 def test_llama3_golden_ir():
     low = run_pipeline(example("llama3_8b"), "partition-cluster{size=8,scheme=splitn}")
-    filecheck(print_module(low), """
+    filecheck(
+        print_module(low),
+        """
         CHECK: kernel @attention_k0 {grid = 8, cluster = 8
         CHECK: rms_norm
         CHECK: gemv({{%\\w+}}, %w_qkv) {row = "512*cluster + 64*rank", col = "0", rows = 64
@@ -137,35 +187,45 @@ def test_llama3_golden_ir():
         CHECK: attn_partial({{.*}}) {kv_head = "cluster", part = "rank", parts = 8{{.*}}: f32[B, 4], f32[B, 4], f32[B, 4, 128]
         CHECK: grid_reduce
         CHECK: graph @attention
-    """)
+    """,
+    )
 
 
 def test_cost_model_chooses_a_configuration():
-    low = run_pipeline(example("llama2_7b", hidden=512, heads=4, head_dim=128,
-                               intermediate=1024), "partition-cluster")
+    low = run_pipeline(
+        example("llama2_7b", hidden=512, heads=4, head_dim=128, intermediate=1024),
+        "partition-cluster",
+    )
     kernels = [g for g in low.graphs if g.kind == "kernel"]
     assert [k.name for k in kernels] == ["attention_k0", "mlp_k0"]
     assert all(k.attr("cluster") in (1, 2, 4, 8, 16) for k in kernels)
 
 
-@pytest.mark.parametrize("pipeline,msg", [
-    ("partition-cluster{size=3}", "cluster size 3"),
-    ("partition-cluster{scheme=diag}", "scheme diag"),
-    ("partition-cluster{size=x}", "option size=x"),
-    ("partition-cluster{colour=1}", "has no option 'colour'"),
-    ("partition-clusters", "unknown pass 'partition-clusters'"),
-    ("partition-cluster,,fuse", "bad pipeline"),
-])
+@pytest.mark.parametrize(
+    "pipeline,msg",
+    [
+        ("partition-cluster{size=3}", "cluster size 3"),
+        ("partition-cluster{scheme=diag}", "scheme diag"),
+        ("partition-cluster{size=x}", "option size=x"),
+        ("partition-cluster{colour=1}", "has no option 'colour'"),
+        ("partition-clusters", "unknown pass 'partition-clusters'"),
+        ("partition-cluster,,fuse", "bad pipeline"),
+    ],
+)
 def test_bad_pipelines(pipeline, msg):
     with pytest.raises(Exception, match=msg) as e:
-        run_pipeline(example("llama2_7b", hidden=64, heads=1, head_dim=64, intermediate=64),
-                     pipeline)
+        run_pipeline(
+            example("llama2_7b", hidden=64, heads=1, head_dim=64, intermediate=64), pipeline
+        )
     assert type(e.value).__module__ == "fusionc.errors"
 
 
 def test_cluster_size_that_cannot_divide_is_explained():
     m = example("llama2_7b", hidden=48, heads=1, head_dim=48, intermediate=64)
-    with pytest.raises(LoweringError, match=r"hidden = 48 is not divisible by the cluster size 32"
-                       r"|cluster size 32") as e:
+    with pytest.raises(
+        LoweringError,
+        match=r"hidden = 48 is not divisible by the cluster size 32"
+        r"|cluster size 32",
+    ) as e:
         run_pipeline(m, "partition-cluster{size=32}")
     assert "valid" in str(e.value)

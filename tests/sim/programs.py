@@ -1,9 +1,17 @@
 """Tile programs used by the simulator tests, written as IR text (so they also test the parser)."""
+
 from __future__ import annotations
 
 
-def collective_kernel(kind: str, size: int, grid: int, shape: tuple[int, ...], dtype: str,
-                      masks: tuple[int, ...] = (), axis: int = 0) -> str:
+def collective_kernel(
+    kind: str,
+    size: int,
+    grid: int,
+    shape: tuple[int, ...],
+    dtype: str,
+    masks: tuple[int, ...] = (),
+    axis: int = 0,
+) -> str:
     """Each CTA loads its payload ``x[cluster*size + rank]`` (of ``shape``), runs one collective
     and stores its result at ``y[cluster*size + rank]``."""
     out_dtype = dtype
@@ -17,8 +25,10 @@ def collective_kernel(kind: str, size: int, grid: int, shape: tuple[int, ...], d
         coll = f"cluster_gather(%buf) {{axis = {axis + 1}}} : {out_dtype}[1, {odims}]"
     else:
         odims = dims
-        coll = f"cluster_reduce(%buf) {{op = {kind}, masks = [{', '.join(map(str, masks))}]}} " \
-               f": {out_dtype}[1, {odims}]"
+        coll = (
+            f"cluster_reduce(%buf) {{op = {kind}, masks = [{', '.join(map(str, masks))}]}} "
+            f": {out_dtype}[1, {odims}]"
+        )
     big = "nonportable = true, " if size == 16 else ""
     return f"""
 kernel @coll {{grid = {grid}, cluster = {size}, {big}threads = 128}} (%x: {dtype}[{n}, {dims}], %y: {out_dtype}[{n}, {odims}]) {{
@@ -34,8 +44,15 @@ kernel @coll {{grid = {grid}, cluster = {size}, {big}threads = 128}} (%x: {dtype
 """
 
 
-def splitk_gemv(size: int, grid: int, k_tile: int, n_tile: int, dtype: str, batch: str = "B",
-                scheme: str = "splitk") -> str:
+def splitk_gemv(
+    size: int,
+    grid: int,
+    k_tile: int,
+    n_tile: int,
+    dtype: str,
+    batch: str = "B",
+    scheme: str = "splitk",
+) -> str:
     """y = x @ w.T with w: [grid*n_tile, size*k_tile]: split-K over the cluster and
     cluster_reduce (``splitk``), or split-N over the cluster and cluster_gather (``gather``)."""
     big = "nonportable = true, " if size == 16 else ""

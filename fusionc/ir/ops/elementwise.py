@@ -3,12 +3,22 @@
 All take operands of one shape and one dtype (no broadcasting, no implicit casts) and compute in
 fp32, rounding the result to the operand dtype.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from fusionc.ir.ops.common import io_cost, numel
-from fusionc.ir.registry import GRAPH_AND_KERNEL, DTYPE, FLOAT_DTYPES_TEXT, OpDef, attr, fail, register, same_dtype
+from fusionc.ir.registry import (
+    GRAPH_AND_KERNEL,
+    DTYPE,
+    FLOAT_DTYPES_TEXT,
+    OpDef,
+    attr,
+    fail,
+    register,
+    same_dtype,
+)
 from fusionc.ir.types import FLOAT_DTYPES, DType
 
 
@@ -61,19 +71,55 @@ def _unary(op):
     return (t,)
 
 
-register(OpDef(
-    "add", "y = a + b, elementwise (residual connections).", ("a", "b"), (), _same_type,
-    interpret=_run_add, cost=lambda op, env: io_cost(op, env, numel(op, env)), where=GRAPH_AND_KERNEL))
-register(OpDef(
-    "mul", "y = a * b, elementwise.", ("a", "b"), (), _same_type, interpret=_run_mul,
-    cost=lambda op, env: io_cost(op, env, numel(op, env)), where=GRAPH_AND_KERNEL))
-register(OpDef(
-    "silu", "y = x * sigmoid(x) (Hendrycks & Gimpel 2016, 'GELUs', SiLU).", ("x",), (), _unary,
-    interpret=_run_silu, cost=lambda op, env: io_cost(op, env, 4 * numel(op, env)), where=GRAPH_AND_KERNEL))
-register(OpDef(
-    "silu_mul", "y = silu(gate) * up: the SwiGLU gate of Llama MLPs (Shazeer 2020, "
-    "'GLU Variants Improve Transformer', eq. 6).", ("gate", "up"), (), _same_type,
-    interpret=_run_silu_mul, cost=lambda op, env: io_cost(op, env, 5 * numel(op, env)), where=GRAPH_AND_KERNEL))
+register(
+    OpDef(
+        "add",
+        "y = a + b, elementwise (residual connections).",
+        ("a", "b"),
+        (),
+        _same_type,
+        interpret=_run_add,
+        cost=lambda op, env: io_cost(op, env, numel(op, env)),
+        where=GRAPH_AND_KERNEL,
+    )
+)
+register(
+    OpDef(
+        "mul",
+        "y = a * b, elementwise.",
+        ("a", "b"),
+        (),
+        _same_type,
+        interpret=_run_mul,
+        cost=lambda op, env: io_cost(op, env, numel(op, env)),
+        where=GRAPH_AND_KERNEL,
+    )
+)
+register(
+    OpDef(
+        "silu",
+        "y = x * sigmoid(x) (Hendrycks & Gimpel 2016, 'GELUs', SiLU).",
+        ("x",),
+        (),
+        _unary,
+        interpret=_run_silu,
+        cost=lambda op, env: io_cost(op, env, 4 * numel(op, env)),
+        where=GRAPH_AND_KERNEL,
+    )
+)
+register(
+    OpDef(
+        "silu_mul",
+        "y = silu(gate) * up: the SwiGLU gate of Llama MLPs (Shazeer 2020, "
+        "'GLU Variants Improve Transformer', eq. 6).",
+        ("gate", "up"),
+        (),
+        _same_type,
+        interpret=_run_silu_mul,
+        cost=lambda op, env: io_cost(op, env, 5 * numel(op, env)),
+        where=GRAPH_AND_KERNEL,
+    )
+)
 
 
 def _cast(op):
@@ -81,7 +127,15 @@ def _cast(op):
     return (t.with_dtype(DType(op.attr("dtype"))),)
 
 
-register(OpDef(
-    "cast", "y = x converted to `dtype` (round to nearest even).", ("x",),
-    (attr("dtype", DTYPE, doc="target element type"),), _cast,
-    interpret=lambda op, args, ctx: (args[0],), cost=io_cost, where=GRAPH_AND_KERNEL))
+register(
+    OpDef(
+        "cast",
+        "y = x converted to `dtype` (round to nearest even).",
+        ("x",),
+        (attr("dtype", DTYPE, doc="target element type"),),
+        _cast,
+        interpret=lambda op, args, ctx: (args[0],),
+        cost=io_cost,
+        where=GRAPH_AND_KERNEL,
+    )
+)

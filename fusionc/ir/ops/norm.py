@@ -5,6 +5,7 @@ result rounded to the dtype of x (Zhang & Sennrich 2019, "Root Mean Square Layer
 eq. 4; eps inside the square root as in Llama). Applied over the last axis, so it serves both the
 hidden-state norm (x: [B, hidden]) and per-head QK-norm (x: [B, heads, head_dim], w: [head_dim]).
 """
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,16 @@ import math
 import numpy as np
 
 from fusionc.ir.ops.common import io_cost, numel
-from fusionc.ir.registry import GRAPH_AND_KERNEL, FLOAT, FLOAT_DTYPES_TEXT, OpDef, attr, fail, register, same_dtype
+from fusionc.ir.registry import (
+    GRAPH_AND_KERNEL,
+    FLOAT,
+    FLOAT_DTYPES_TEXT,
+    OpDef,
+    attr,
+    fail,
+    register,
+    same_dtype,
+)
 from fusionc.ir.types import FLOAT_DTYPES
 
 
@@ -22,8 +32,11 @@ def _infer(op):
     if x.dtype not in FLOAT_DTYPES:
         fail(op, f"x has dtype {x.dtype}", FLOAT_DTYPES_TEXT)
     if x.rank < 1 or w.rank != 1 or w.shape[0] != x.shape[-1]:
-        fail(op, f"weight {w} does not match the last axis of x {x}",
-             f"weight of shape [{x.shape[-1] if x.rank else 'D'}]")
+        fail(
+            op,
+            f"weight {w} does not match the last axis of x {x}",
+            f"weight of shape [{x.shape[-1] if x.rank else 'D'}]",
+        )
     if not 0 <= op.attr("eps") < math.inf:
         fail(op, f"eps = {op.attr('eps')}", "a finite eps >= 0")
     return (x,)
@@ -38,7 +51,15 @@ def _run(op, args, ctx):
     return ((x * r) * w,)
 
 
-register(OpDef(
-    "rms_norm", __doc__, ("x", "weight"),
-    (attr("eps", FLOAT, doc="added to mean(x^2) inside the square root"),), _infer,
-    interpret=_run, cost=lambda op, env: io_cost(op, env, 4 * numel(op, env)), where=GRAPH_AND_KERNEL))
+register(
+    OpDef(
+        "rms_norm",
+        __doc__,
+        ("x", "weight"),
+        (attr("eps", FLOAT, doc="added to mean(x^2) inside the square root"),),
+        _infer,
+        interpret=_run,
+        cost=lambda op, env: io_cost(op, env, 4 * numel(op, env)),
+        where=GRAPH_AND_KERNEL,
+    )
+)

@@ -11,6 +11,7 @@ and the original paper). Dimensions from rotary_dim to head_dim pass through unc
 Source: Su et al. 2021, "RoFormer", eq. 34. The float64 reference (``precise``) computes
 θ_i and the angle in float64.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,17 @@ import math
 import numpy as np
 
 from fusionc.ir.ops.common import io_cost, numel
-from fusionc.ir.registry import GRAPH_AND_KERNEL, FLOAT, FLOAT_DTYPES_TEXT, POS_INT, OpDef, attr, enum, fail, register
+from fusionc.ir.registry import (
+    GRAPH_AND_KERNEL,
+    FLOAT,
+    FLOAT_DTYPES_TEXT,
+    POS_INT,
+    OpDef,
+    attr,
+    enum,
+    fail,
+    register,
+)
 from fusionc.ir.types import FLOAT_DTYPES, DType
 
 
@@ -30,8 +41,11 @@ def _infer(op):
         fail(op, f"positions have type {pos}", f"i32[{x.shape[0]}]")
     r, d = op.attr("rotary_dim"), x.shape[2]
     if not isinstance(d, int) or r % 2 or r > d:
-        fail(op, f"rotary_dim = {r} with head_dim = {d}",
-             f"an even rotary_dim <= {d}" if isinstance(d, int) else "a static head_dim")
+        fail(
+            op,
+            f"rotary_dim = {r} with head_dim = {d}",
+            f"an even rotary_dim <= {d}" if isinstance(d, int) else "a static head_dim",
+        )
     if not 0 < op.attr("theta") < math.inf:
         fail(op, f"theta = {op.attr('theta')}", "a finite theta > 0")
     return (x,)
@@ -47,9 +61,9 @@ def pair_slices(style: str, rotary_dim: int) -> tuple[slice, slice]:
 def _run(op, args, ctx):
     r, theta = op.attr("rotary_dim"), op.attr("theta")
     x, pos = args[0].astype(ctx.acc), args[1]
-    inv_freq = (theta ** (-2.0 * np.arange(r // 2) / r)).astype(ctx.acc)   # [r/2]
-    angle = pos.astype(ctx.acc)[:, None] * inv_freq[None, :]               # [B, r/2]
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]        # [B, 1, r/2]
+    inv_freq = (theta ** (-2.0 * np.arange(r // 2) / r)).astype(ctx.acc)  # [r/2]
+    angle = pos.astype(ctx.acc)[:, None] * inv_freq[None, :]  # [B, r/2]
+    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]  # [B, 1, r/2]
     i1, i2 = pair_slices(op.attr("style"), r)
     x1, x2 = x[..., i1], x[..., i2]
     y = x.copy()
@@ -58,9 +72,19 @@ def _run(op, args, ctx):
     return (y,)
 
 
-register(OpDef(
-    "rope", __doc__, ("x", "positions"),
-    (attr("theta", FLOAT, doc="frequency base, e.g. 10000 or 500000"),
-     attr("style", enum("neox", "gptj"), "neox", doc="pairing of dimensions"),
-     attr("rotary_dim", POS_INT, doc="dims rotated, from the first")),
-    _infer, interpret=_run, cost=lambda op, env: io_cost(op, env, 6 * numel(op, env)), where=GRAPH_AND_KERNEL))
+register(
+    OpDef(
+        "rope",
+        __doc__,
+        ("x", "positions"),
+        (
+            attr("theta", FLOAT, doc="frequency base, e.g. 10000 or 500000"),
+            attr("style", enum("neox", "gptj"), "neox", doc="pairing of dimensions"),
+            attr("rotary_dim", POS_INT, doc="dims rotated, from the first"),
+        ),
+        _infer,
+        interpret=_run,
+        cost=lambda op, env: io_cost(op, env, 6 * numel(op, env)),
+        where=GRAPH_AND_KERNEL,
+    )
+)

@@ -19,6 +19,7 @@
     cache[b, positions[b], kv_head, :] = x[b, :] for every row b, rounded to the cache dtype.
     Positions outside [0, max_seq) are skipped (never a fault).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,16 +44,22 @@ def _infer_partial(op):
         fail(op, f"q {q}, caches {kc}, {vc}", "q: [B, G, D], caches [B, S, kv_heads, D]")
     b, g, d = q.shape
     if kc.shape[3] != d or kn.shape != (b, d) or vn.shape != (b, d):
-        fail(op, f"head_dim of q {q}, caches {kc}, k_new {kn}, v_new {vn} differ",
-             f"caches [.., {d}], k_new and v_new [{b}, {d}]")
+        fail(
+            op,
+            f"head_dim of q {q}, caches {kc}, k_new {kn}, v_new {vn} differ",
+            f"caches [.., {d}], k_new and v_new [{b}, {d}]",
+        )
     for t, what in ((lens, "seq_lens"), (pos, "positions")):
         if t.dtype != DType.i32 or t.shape != (b,):
             fail(op, f"{what} has type {t}", f"i32[{b}]")
     if not 0 < op.attr("scale") < float("inf"):
         fail(op, f"scale = {op.attr('scale')}", "a finite scale > 0")
     f32 = DType.f32
-    return (q.with_shape((b, g)).with_dtype(f32), q.with_shape((b, g)).with_dtype(f32),
-            q.with_dtype(f32))
+    return (
+        q.with_shape((b, g)).with_dtype(f32),
+        q.with_shape((b, g)).with_dtype(f32),
+        q.with_dtype(f32),
+    )
 
 
 def _sim_partial(op, args, cta):
@@ -69,8 +76,10 @@ def _sim_partial(op, args, cta):
         lo, hi = chunk_range(int(lens[b]), part, op.attr("parts"), op.attr("tile"))
         if hi <= lo:
             continue
-        keys, vals = _rows(cta, op, kname, b, lo, hi, h, int(pos[b]), kn[b]), \
-            _rows(cta, op, vname, b, lo, hi, h, int(pos[b]), vn[b])
+        keys, vals = (
+            _rows(cta, op, kname, b, lo, hi, h, int(pos[b]), kn[b]),
+            _rows(cta, op, vname, b, lo, hi, h, int(pos[b]), vn[b]),
+        )
         s = (q[b] @ keys.T) * np.float32(op.attr("scale"))  # [G, T]
         m[b] = s.max(axis=1)
         p = np.exp(s - m[b][:, None])
@@ -85,7 +94,7 @@ def _rows(cta, op, name, b, lo, hi, h, pos, new):
     inside = lo <= pos < hi
     for a, z in ((lo, pos), (pos + 1, hi)) if inside else ((lo, hi),):
         if z > a:
-            out[a - lo:z - lo] = cta.memory.read(name, (b, slice(a, z), h, slice(None)), cta, op)
+            out[a - lo : z - lo] = cta.memory.read(name, (b, slice(a, z), h, slice(None)), cta, op)
     if inside:
         out[pos - lo] = new
     return out
@@ -135,15 +144,16 @@ def _sim_append(op, args, cta):
     arr = cta.memory.arrays[cache]
     for b, p in enumerate(pos):
         if 0 <= p < arr.shape[1]:
-            cta.memory.write(cache, (b, int(p), h, slice(None)), x[b], cta, op,
-                             op.operands[0].type.dtype)
+            cta.memory.write(
+                cache, (b, int(p), h, slice(None)), x[b], cta, op, op.operands[0].type.dtype
+            )
     return ()
 
 
 def _verify_append(op, graph, module):
     from fusionc.ir.ops.tile_memory import _verify_store
-    _verify_store(op, graph, module)
 
+    _verify_store(op, graph, module)
 
 
 def _cost_partial(op, env):
@@ -155,19 +165,54 @@ def _cost_partial(op, env):
 
 
 def _cost_append(op, env):
-    return Cost(bytes_written=op.operands[1].type.nbytes(env) // op.operands[1].type.dtype.itemsize
-                * op.operands[0].type.dtype.itemsize)
+    return Cost(
+        bytes_written=op.operands[1].type.nbytes(env)
+        // op.operands[1].type.dtype.itemsize
+        * op.operands[0].type.dtype.itemsize
+    )
 
-register(OpDef("attn_partial", __doc__,
-               ("q", "k_cache", "v_cache", "seq_lens", "positions", "k_new", "v_new"),
-               (attr("kv_head", AFFINE), attr("part", AFFINE), attr("parts", POS_INT),
-                attr("tile", POS_INT, 16, doc="tokens per KV tile; chunks are tile-aligned"),
-                attr("scale", FLOAT)),
-               _infer_partial, where=K, simulate=_sim_partial,
-               verify=lambda op, g, m: [param_of(op, g, v, "cache") for v in op.operands[1:3]], cost=_cost_partial))
-register(OpDef("attn_rescale", __doc__, ("m", "l", "o", "m_max"), (), _infer_rescale, where=K,
-               simulate=_sim_rescale))
-register(OpDef("attn_finish", __doc__, ("lo",), (), _infer_finish, where=K,
-               simulate=_sim_finish))
-register(OpDef("kv_append", __doc__, ("cache", "x", "positions"), (attr("kv_head", AFFINE),),
-               _infer_append, where=K, simulate=_sim_append, verify=_verify_append, cost=_cost_append))
+
+register(
+    OpDef(
+        "attn_partial",
+        __doc__,
+        ("q", "k_cache", "v_cache", "seq_lens", "positions", "k_new", "v_new"),
+        (
+            attr("kv_head", AFFINE),
+            attr("part", AFFINE),
+            attr("parts", POS_INT),
+            attr("tile", POS_INT, 16, doc="tokens per KV tile; chunks are tile-aligned"),
+            attr("scale", FLOAT),
+        ),
+        _infer_partial,
+        where=K,
+        simulate=_sim_partial,
+        verify=lambda op, g, m: [param_of(op, g, v, "cache") for v in op.operands[1:3]],
+        cost=_cost_partial,
+    )
+)
+register(
+    OpDef(
+        "attn_rescale",
+        __doc__,
+        ("m", "l", "o", "m_max"),
+        (),
+        _infer_rescale,
+        where=K,
+        simulate=_sim_rescale,
+    )
+)
+register(OpDef("attn_finish", __doc__, ("lo",), (), _infer_finish, where=K, simulate=_sim_finish))
+register(
+    OpDef(
+        "kv_append",
+        __doc__,
+        ("cache", "x", "positions"),
+        (attr("kv_head", AFFINE),),
+        _infer_append,
+        where=K,
+        simulate=_sim_append,
+        verify=_verify_append,
+        cost=_cost_append,
+    )
+)

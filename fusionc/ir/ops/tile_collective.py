@@ -15,6 +15,7 @@ be overwritten, nor its CTA exit, before the next ``cluster_barrier`` (``fusionc
 ``cluster_gather(%buf) {axis} : type``
     Every CTA receives the concatenation of all CTAs' buffers along ``axis``, in rank order.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,14 +33,20 @@ def read_peers(op, ctas) -> list[np.ndarray]:
     for c in ctas:
         buf = c.values[name]
         if buf.written_phase is None:
-            raise SimulationError(f"CTA {c.rank} never stored into %{name} before this collective",
-                                  op=op.name, loc=op.loc, valid="smem_store, cluster_barrier, then "
-                                  "the collective")
+            raise SimulationError(
+                f"CTA {c.rank} never stored into %{name} before this collective",
+                op=op.name,
+                loc=op.loc,
+                valid="smem_store, cluster_barrier, then the collective",
+            )
         if buf.written_phase == c.phase:
             raise SimulationError(
                 f"reads %{name} of CTA {c.rank}, written in the same barrier phase: no "
-                "cluster_barrier makes it visible", op=op.name, loc=op.loc,
-                valid="a cluster_barrier() between smem_store and the collective")
+                "cluster_barrier makes it visible",
+                op=op.name,
+                loc=op.loc,
+                valid="a cluster_barrier() between smem_store and the collective",
+            )
         if len(ctas) > 1:
             buf.peer_read_phase, buf.peer_read_by = c.phase, op
         out.append(buf.data.astype(np.float32))
@@ -58,16 +65,23 @@ def _reduce_values(op, vals: list[np.ndarray]) -> list[np.ndarray]:
     prov = [np.eye(size, dtype=np.int64)[r] for r in range(size)]
     for m in masks:
         if not 0 < m < size:
-            raise SimulationError(f"mask {m} names no partner in a cluster of {size}",
-                                  op=op.name, loc=op.loc, valid=f"masks in 1..{size - 1}")
+            raise SimulationError(
+                f"mask {m} names no partner in a cluster of {size}",
+                op=op.name,
+                loc=op.loc,
+                valid=f"masks in 1..{size - 1}",
+            )
         vals = [fn(vals[min(r, r ^ m)], vals[max(r, r ^ m)]) for r in range(size)]
         prov = [prov[r] + prov[r ^ m] for r in range(size)]
     for r, p in enumerate(prov):
         if not np.all(p == 1):
             raise SimulationError(
                 f"wrong reduction partners: masks {list(masks)} leave CTA {r} with contributions "
-                f"{p.tolist()} (each rank must count once)", op=op.name, loc=op.loc,
-                valid=f"each of {list(default_masks(size))} once, in any order")
+                f"{p.tolist()} (each rank must count once)",
+                op=op.name,
+                loc=op.loc,
+                valid=f"each of {list(default_masks(size))} once, in any order",
+            )
     return vals
 
 
@@ -88,8 +102,11 @@ def _verify_masks(op, graph, module):
     size = graph.attr("cluster")
     masks = op.attr("masks")
     if masks and sorted(masks) != list(default_masks(size)):
-        fail(op, f"masks {list(masks)} do not combine every rank of a cluster of {size} once",
-             f"a permutation of {list(default_masks(size))}, or [] for the default")
+        fail(
+            op,
+            f"masks {list(masks)} do not combine every rank of a cluster of {size} once",
+            f"a permutation of {list(default_masks(size))}, or [] for the default",
+        )
 
 
 def _sim_gather(op, ctas):
@@ -109,9 +126,12 @@ def _infer_gather(op):
     got = op.results[0].type
     n = got.shape[axis] if got.rank == t.rank else None
     if not isinstance(t.shape[axis], int) or not isinstance(n, int) or n % t.shape[axis]:
-        fail(op, f"result {got} is not buffers {t} concatenated along axis {axis}",
-             f"dim {axis} a multiple (the cluster size) of {t.shape[axis]}")
-    return (t.with_shape(t.shape[:axis] + (n,) + t.shape[axis + 1:]),)
+        fail(
+            op,
+            f"result {got} is not buffers {t} concatenated along axis {axis}",
+            f"dim {axis} a multiple (the cluster size) of {t.shape[axis]}",
+        )
+    return (t.with_shape(t.shape[:axis] + (n,) + t.shape[axis + 1 :]),)
 
 
 def _verify_gather(op, graph, module):
@@ -121,19 +141,46 @@ def _verify_gather(op, graph, module):
     t, got = op.operands[0].type, op.result.type
     axis = op.attr("axis") % t.rank
     if got.shape[axis] != t.shape[axis] * graph.attr("cluster"):
-        fail(op, f"result {got} is not {graph.attr('cluster')} buffers {t} along axis {axis}",
-             f"dim {axis} = {t.shape[axis]} x cluster size")
-
+        fail(
+            op,
+            f"result {got} is not {graph.attr('cluster')} buffers {t} along axis {axis}",
+            f"dim {axis} = {t.shape[axis]} x cluster size",
+        )
 
 
 def _cost_dsm(op, env):
     """Each CTA reads the buffers of its C - 1 peers."""
     return Cost(dsm_bytes=(env.get("C", 1) - 1) * op.operands[0].type.nbytes(env))
 
-register(OpDef("cluster_reduce", __doc__, ("buffer",),
-               (attr("op", enum("sum", "max")),
-                attr("masks", INTS, (), doc="recursive-doubling xor masks; [] = pairwise tree")),
-               _infer_reduce, where=K, simulate=_sim_reduce, verify=_verify_masks,
-               collective=True, cost=_cost_dsm))
-register(OpDef("cluster_gather", __doc__, ("buffer",), (attr("axis", INT, 0),), _infer_gather,
-               where=K, simulate=_sim_gather, verify=_verify_gather, collective=True, cost=_cost_dsm))
+
+register(
+    OpDef(
+        "cluster_reduce",
+        __doc__,
+        ("buffer",),
+        (
+            attr("op", enum("sum", "max")),
+            attr("masks", INTS, (), doc="recursive-doubling xor masks; [] = pairwise tree"),
+        ),
+        _infer_reduce,
+        where=K,
+        simulate=_sim_reduce,
+        verify=_verify_masks,
+        collective=True,
+        cost=_cost_dsm,
+    )
+)
+register(
+    OpDef(
+        "cluster_gather",
+        __doc__,
+        ("buffer",),
+        (attr("axis", INT, 0),),
+        _infer_gather,
+        where=K,
+        simulate=_sim_gather,
+        verify=_verify_gather,
+        collective=True,
+        cost=_cost_dsm,
+    )
+)

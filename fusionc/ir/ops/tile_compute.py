@@ -17,6 +17,7 @@
 ``exit()``
     The CTA stops here (a CTA without work). Peers must not need it afterwards.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,20 @@ import numpy as np
 from fusionc.errors import SimulationError
 from fusionc.interp.numerics import round_to
 from fusionc.ir.ops.tile_memory import K, param_of
-from fusionc.ir.registry import (AFFINE, BOOL, FLOAT, INT, NONNEG_INT, POS_INT, Cost, OpDef,
-                                 attr, enum, fail, register)
+from fusionc.ir.registry import (
+    AFFINE,
+    BOOL,
+    FLOAT,
+    INT,
+    NONNEG_INT,
+    POS_INT,
+    Cost,
+    OpDef,
+    attr,
+    enum,
+    fail,
+    register,
+)
 from fusionc.ir.types import FLOAT_DTYPES, DType
 from fusionc.sim.state import CTAExit
 
@@ -51,12 +64,19 @@ def _sim_gemv(op, args, cta):
         raise SimulationError(
             f"weight tile rows {r0}..{r0 + rows}, cols {c0}..{c0 + k} of CTA (cluster "
             f"{cta.cluster}, rank {cta.rank}) leaves %{name} of shape {list(arr.shape)}",
-            op=op.name, loc=op.loc, valid="a tile inside the weight, or masked = true")
+            op=op.name,
+            loc=op.loc,
+            valid="a tile inside the weight, or masked = true",
+        )
     tile = np.zeros((rows, k), np.float32)
-    rs, cs = slice(max(r0, 0), min(r0 + rows, arr.shape[0])), slice(max(c0, 0), min(c0 + k, arr.shape[1]))
+    rs, cs = (
+        slice(max(r0, 0), min(r0 + rows, arr.shape[0])),
+        slice(max(c0, 0), min(c0 + k, arr.shape[1])),
+    )
     if rs.stop > rs.start and cs.stop > cs.start:
-        tile[rs.start - r0:rs.stop - r0, cs.start - c0:cs.stop - c0] = \
-            cta.memory.read(name, (rs, cs), cta, op)
+        tile[rs.start - r0 : rs.stop - r0, cs.start - c0 : cs.stop - c0] = cta.memory.read(
+            name, (rs, cs), cta, op
+        )
     return (x @ tile.T,)
 
 
@@ -66,14 +86,17 @@ def _infer_reduce(op):
     if not -x.rank <= axis < x.rank:
         fail(op, f"axis {axis} out of range for {x}", f"-{x.rank} <= axis < {x.rank}")
     axis %= x.rank
-    return (x.with_shape(x.shape[:axis] + x.shape[axis + 1:]).with_dtype(DType.f32),)
+    return (x.with_shape(x.shape[:axis] + x.shape[axis + 1 :]).with_dtype(DType.f32),)
 
 
 def _sim_reduce(op, args, cta):
     x = np.asarray(args[0], np.float32)
     axis, kind = op.attr("axis"), op.attr("op")
-    out = {"sum": lambda: x.sum(axis), "max": lambda: x.max(axis),
-           "sumsq": lambda: (x * x).sum(axis)}[kind]()
+    out = {
+        "sum": lambda: x.sum(axis),
+        "max": lambda: x.max(axis),
+        "sumsq": lambda: (x * x).sum(axis),
+    }[kind]()
     return (round_to(out, DType.f32),)
 
 
@@ -98,13 +121,13 @@ def _sim_when(op, args, cta):
     coord = cta.rank if op.attr("on") == "rank" else cta.cluster
     if op.attr("lo") <= coord < op.attr("hi"):
         from fusionc.sim.simulator import _run_ops
+
         yield from _run_ops(op.regions[0], cta)
     return ()
 
 
 def _sim_exit(op, args, cta):
     raise CTAExit()
-
 
 
 def _cost_gemv(op, env):
@@ -114,20 +137,57 @@ def _cost_gemv(op, env):
     batch = x.type.numel(env) // k
     return Cost(bytes_read=rows * k * w.type.dtype.itemsize, flops=2 * batch * rows * k)
 
-register(OpDef("gemv", __doc__, ("x", "w"),
-               (attr("row", AFFINE, doc="first weight row of the tile"),
-                attr("col", AFFINE, doc="first weight column (K offset)"),
-                attr("rows", POS_INT, doc="rows of the tile (N)"),
-                attr("masked", BOOL, False)),
-               _infer_gemv, where=K, simulate=_sim_gemv,
-               verify=lambda op, g, m: param_of(op, g, op.operands[1], "weight"), cost=_cost_gemv))
-register(OpDef("reduce", __doc__, ("x",),
-               (attr("op", enum("sum", "max", "sumsq")), attr("axis", INT, -1)),
-               _infer_reduce, where=K, simulate=_sim_reduce))
-register(OpDef("norm_apply", __doc__, ("x", "w", "ss"),
-               (attr("eps", FLOAT), attr("dim", POS_INT, doc="elements of the whole row")),
-               _infer_norm_apply, where=K, simulate=_sim_norm_apply))
-register(OpDef("when", __doc__, (), (attr("on", enum("rank", "cluster")),
-                                     attr("lo", NONNEG_INT), attr("hi", NONNEG_INT)),
-               lambda op: (), where=K, regions=1, simulate=_sim_when))
+
+register(
+    OpDef(
+        "gemv",
+        __doc__,
+        ("x", "w"),
+        (
+            attr("row", AFFINE, doc="first weight row of the tile"),
+            attr("col", AFFINE, doc="first weight column (K offset)"),
+            attr("rows", POS_INT, doc="rows of the tile (N)"),
+            attr("masked", BOOL, False),
+        ),
+        _infer_gemv,
+        where=K,
+        simulate=_sim_gemv,
+        verify=lambda op, g, m: param_of(op, g, op.operands[1], "weight"),
+        cost=_cost_gemv,
+    )
+)
+register(
+    OpDef(
+        "reduce",
+        __doc__,
+        ("x",),
+        (attr("op", enum("sum", "max", "sumsq")), attr("axis", INT, -1)),
+        _infer_reduce,
+        where=K,
+        simulate=_sim_reduce,
+    )
+)
+register(
+    OpDef(
+        "norm_apply",
+        __doc__,
+        ("x", "w", "ss"),
+        (attr("eps", FLOAT), attr("dim", POS_INT, doc="elements of the whole row")),
+        _infer_norm_apply,
+        where=K,
+        simulate=_sim_norm_apply,
+    )
+)
+register(
+    OpDef(
+        "when",
+        __doc__,
+        (),
+        (attr("on", enum("rank", "cluster")), attr("lo", NONNEG_INT), attr("hi", NONNEG_INT)),
+        lambda op: (),
+        where=K,
+        regions=1,
+        simulate=_sim_when,
+    )
+)
 register(OpDef("exit", __doc__, (), (), lambda op: (), where=K, simulate=_sim_exit))

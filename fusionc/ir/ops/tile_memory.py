@@ -12,6 +12,7 @@
   unit, so it orders nothing there. ``cluster_barrier()``: all threads of all CTAs of the cluster
   (``barrier.cluster.arrive.release`` + ``wait.acquire``): starts a new barrier phase.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -49,12 +50,15 @@ def window(op, cta, shape) -> tuple[list[slice], list[slice], bool]:
     """Index slices of the tile in the tensor and in the tile for this CTA; whether all of the
     tile lies inside the tensor."""
     offs = [a(cta.cluster, cta.rank) for a in op.attr("offsets")]
-    sizes = op.results[0].type.concrete(cta.env) if op.results else \
-        op.operands[1].type.concrete(cta.env)
+    sizes = (
+        op.results[0].type.concrete(cta.env)
+        if op.results
+        else op.operands[1].type.concrete(cta.env)
+    )
     src, dst, inside = [], [], True
     for o, n, dim in zip(offs, sizes, shape):
         lo, hi = max(o, 0), min(o + n, dim)
-        inside &= (o >= 0 and o + n <= dim)
+        inside &= o >= 0 and o + n <= dim
         src.append(slice(lo, max(lo, hi)))
         dst.append(slice(lo - o, max(lo, hi) - o))
     return src, dst, inside
@@ -64,8 +68,11 @@ def _bounds_error(op, cta, shape):
     offs = [a(cta.cluster, cta.rank) for a in op.attr("offsets")]
     raise SimulationError(
         f"tile at offsets {offs} of CTA (cluster {cta.cluster}, rank {cta.rank}) leaves the "
-        f"tensor of shape {list(shape)}", op=op.name, loc=op.loc,
-        valid="offsets + sizes inside the tensor, or masked = true")
+        f"tensor of shape {list(shape)}",
+        op=op.name,
+        loc=op.loc,
+        valid="offsets + sizes inside the tensor, or masked = true",
+    )
 
 
 def _infer_load(op):
@@ -90,16 +97,22 @@ def _sim_load(op, args, cta):
 def _infer_store(op):
     g, t = (v.type for v in op.operands)
     if len(op.attr("offsets")) != g.rank or t.rank != g.rank:
-        fail(op, f"tile {t} and {len(op.attr('offsets'))} offsets for {g}",
-             f"a tile of rank {g.rank} and {g.rank} offsets")
+        fail(
+            op,
+            f"tile {t} and {len(op.attr('offsets'))} offsets for {g}",
+            f"a tile of rank {g.rank} and {g.rank} offsets",
+        )
     return ()
 
 
 def _verify_store(op, graph, module):
     param_of(op, graph, op.operands[0], "store target")
     if graph is not None and all(v.name != op.operands[0].name for v in graph.outputs):
-        fail(op, f"store to %{op.operands[0].name}, which the kernel does not return",
-             "stores only to parameters listed in the kernel's return")
+        fail(
+            op,
+            f"store to %{op.operands[0].name}, which the kernel does not return",
+            "stores only to parameters listed in the kernel's return",
+        )
 
 
 def _sim_store(op, args, cta):
@@ -108,8 +121,9 @@ def _sim_store(op, args, cta):
     src, dst, inside = window(op, cta, arr.shape)
     if not inside and not op.attr("masked"):
         _bounds_error(op, cta, arr.shape)
-    cta.memory.write(name, tuple(src), np.asarray(args[1])[tuple(dst)], cta, op,
-                     op.operands[0].type.dtype)
+    cta.memory.write(
+        name, tuple(src), np.asarray(args[1])[tuple(dst)], cta, op, op.operands[0].type.dtype
+    )
     return ()
 
 
@@ -123,7 +137,11 @@ def _sim_alloc(op, args, cta):
 def _infer_smem_store(op):
     b, t = (v.type for v in op.operands)
     if b.shape != t.shape:
-        fail(op, f"tile {t} does not fit buffer {b}", f"a tile of shape [{', '.join(map(str, b.shape))}]")
+        fail(
+            op,
+            f"tile {t} does not fit buffer {b}",
+            f"a tile of shape [{', '.join(map(str, b.shape))}]",
+        )
     return ()
 
 
@@ -135,8 +153,12 @@ def _sim_smem_store(op, args, cta):
 def _sim_smem_load(op, args, cta):
     buf = args[0]
     if buf.written_phase is None:
-        raise SimulationError(f"reads %{buf.name} before anything was stored in it",
-                              op=op.name, loc=op.loc, valid="smem_store before smem_load")
+        raise SimulationError(
+            f"reads %{buf.name} before anything was stored in it",
+            op=op.name,
+            loc=op.loc,
+            valid="smem_store before smem_load",
+        )
     return (buf.data.copy(),)
 
 
@@ -162,20 +184,92 @@ def _cost_load(op, env):
 def _cost_store(op, env):
     return Cost(bytes_written=_tile_bytes(op.operands[1], env))
 
-register(OpDef("load", "Global tile load (see module docstring).", ("src",),
-               (_off, attr("sizes", DIMS), _masked), _infer_load, where=K, simulate=_sim_load,
-               verify=lambda op, g, m: param_of(op, g, op.operands[0], "load source"), cost=_cost_load))
-register(OpDef("store", "Global tile store (see module docstring).", ("dst", "tile"),
-               (_off, _masked), _infer_store, where=K, simulate=_sim_store, verify=_verify_store, cost=_cost_store))
-register(OpDef("smem_alloc", "A shared-memory buffer of the CTA.", (), (),
-               lambda op: tuple(r.type for r in op.results) if len(op.results) == 1 else
-               fail(op, "smem_alloc has one result", "%b = smem_alloc() : f32[...]"),
-               where=K, simulate=_sim_alloc))
-register(OpDef("smem_store", "Write a tile into the CTA's own buffer.", ("buffer", "tile"), (),
-               _infer_smem_store, where=K, simulate=_sim_smem_store, verify=_buf))
-register(OpDef("smem_load", "Read the CTA's own buffer.", ("buffer",), (),
-               lambda op: (op.operands[0].type,), where=K, simulate=_sim_smem_load, verify=_buf))
-register(OpDef("barrier", "CTA-wide barrier (__syncthreads).", (), (), lambda op: (), where=K,
-               simulate=lambda op, args, cta: ()))
-register(OpDef("cluster_barrier", "Cluster-wide barrier; starts a new barrier phase.", (), (),
-               lambda op: (), where=K, simulate=_sim_cluster_barrier, collective=True))
+
+register(
+    OpDef(
+        "load",
+        "Global tile load (see module docstring).",
+        ("src",),
+        (_off, attr("sizes", DIMS), _masked),
+        _infer_load,
+        where=K,
+        simulate=_sim_load,
+        verify=lambda op, g, m: param_of(op, g, op.operands[0], "load source"),
+        cost=_cost_load,
+    )
+)
+register(
+    OpDef(
+        "store",
+        "Global tile store (see module docstring).",
+        ("dst", "tile"),
+        (_off, _masked),
+        _infer_store,
+        where=K,
+        simulate=_sim_store,
+        verify=_verify_store,
+        cost=_cost_store,
+    )
+)
+register(
+    OpDef(
+        "smem_alloc",
+        "A shared-memory buffer of the CTA.",
+        (),
+        (),
+        lambda op: (
+            tuple(r.type for r in op.results)
+            if len(op.results) == 1
+            else fail(op, "smem_alloc has one result", "%b = smem_alloc() : f32[...]")
+        ),
+        where=K,
+        simulate=_sim_alloc,
+    )
+)
+register(
+    OpDef(
+        "smem_store",
+        "Write a tile into the CTA's own buffer.",
+        ("buffer", "tile"),
+        (),
+        _infer_smem_store,
+        where=K,
+        simulate=_sim_smem_store,
+        verify=_buf,
+    )
+)
+register(
+    OpDef(
+        "smem_load",
+        "Read the CTA's own buffer.",
+        ("buffer",),
+        (),
+        lambda op: (op.operands[0].type,),
+        where=K,
+        simulate=_sim_smem_load,
+        verify=_buf,
+    )
+)
+register(
+    OpDef(
+        "barrier",
+        "CTA-wide barrier (__syncthreads).",
+        (),
+        (),
+        lambda op: (),
+        where=K,
+        simulate=lambda op, args, cta: (),
+    )
+)
+register(
+    OpDef(
+        "cluster_barrier",
+        "Cluster-wide barrier; starts a new barrier phase.",
+        (),
+        (),
+        lambda op: (),
+        where=K,
+        simulate=_sim_cluster_barrier,
+        collective=True,
+    )
+)
