@@ -11,7 +11,8 @@ graph (``all_reduce``, for instance, is lowered by later passes).
 
 Options:
     size: cluster size C (1, 2, 4, 8, 16); 0 lets the cost model choose per block.
-    scheme: QKV projection scheme of attention blocks, ``splitk``, ``splitn`` or ``auto``.
+    scheme: ``splitk``, ``splitn`` or ``auto``: the QKV projection scheme of attention blocks
+        and the gate/up scheme of MLP blocks (see :mod:`fusionc.lower.attention`, ``.mlp``).
     batch, kv_len: the batch and KV length the cost model plans for.
     max_batch: largest batch the kernels are sized for (shared memory); a compile-time bucket.
 """
@@ -93,6 +94,10 @@ class PartitionCluster(Pass):
                 options.append((kernel_cost(k, self.batch, self.kv_len, smem=smem).est_s, k))
             except (LoweringError, VerifyError, CompileError) as e:
                 errors.append(e)
+        if not options and not errors:
+            raise LoweringError("no cluster configuration divides this block's sizes",
+                                op=self.name, loc=st.ops[0].loc,
+                                valid="another cluster size, or size=0 to search")
         if not options:
             e = errors[0]
             raise LoweringError(f"no configuration fits: {e.message}", op=e.op or self.name,
@@ -105,14 +110,20 @@ class PartitionCluster(Pass):
             schemes = ("splitk", "splitn") if self.scheme == "auto" else (self.scheme,)
             return [(c, s) for c in sizes for s in schemes]
         inter = st.gate.rows
-        return [(c, grid) for c in sizes for grid in range(1, 4 * 132 // c + 1)
-                if inter % (grid * c) == 0 and grid * c >= min(66, inter // 8)
-                or (self.size and inter % (grid * c) == 0 and grid * c * 8 >= inter)]
+        splitn = [(c, grid, "splitn") for c in sizes for grid in range(1, 4 * 132 // c + 1)
+                  if inter % (grid * c) == 0 and grid * c >= min(66, inter // 8)
+                  or (self.size and inter % (grid * c) == 0 and grid * c * 8 >= inter)]
+        splitk = [(c, grid, "splitk") for c in sizes for grid in range(1, 264 // c + 1)
+                  if inter % grid == 0 and grid * c >= min(66, inter // 8)]
+        if self.scheme in ("splitk", "splitn"):
+            return splitk if self.scheme == "splitk" else splitn
+        return splitn + splitk
 
-    def lower(self, st, name, size, extra) -> Graph:
+    def lower(self, st, name, size, *extra) -> Graph:
         if isinstance(st, AttentionStage):
-            return lower_attention(st, name, size, extra, self.max_batch)
-        return lower_mlp(st, name, size, extra, self.max_batch)
+            return lower_attention(st, name, size, *extra, self.max_batch)
+        grid, scheme = extra
+        return lower_mlp(st, name, size, grid, self.max_batch, scheme)
 
 
 INT32_MAX = 2**31 - 1
