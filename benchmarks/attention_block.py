@@ -73,19 +73,31 @@ def fusionc_attention(m, batch, kv):
                                     kv_heads=m["kv_heads"], head_dim=m["head_dim"],
                                     max_seq=kv, eps=1e-5, theta=10000.0, dtype="f16")
     try:
-        return fusionc.compile(mod, max_batch=batch, kv_len=kv)
+        return fusionc.compile(mod, max_batch=batch, kv_len=kv, autotune=TUNE)
     except fusionc.errors.FusionError as e:  # reported in the table
         print("fusionc cannot compile this point:", e)
         return None
 
 
 NO_COMPILE = False
+TUNE = False
 
 
 def points(quick: bool):
     if quick:
         return [("Llama-2-7B", 1, 4096), ("Llama-3-8B", 1, 4096)]
     return [(n, b, kv) for n in MODELS for b in (1, 4, 16) for kv in (1024, 4096, 16384)]
+
+
+def compile_candidates_only(args):
+    from fusionc.tune.search import compile_candidates
+    import llama2_7b
+    for name, b, kv in points(args.quick):
+        m = MODELS[name]
+        mod = llama2_7b.attention_block(hidden=m["hidden"], heads=m["heads"],
+                                        kv_heads=m["kv_heads"], head_dim=m["head_dim"],
+                                        max_seq=kv, eps=1e-5, theta=10000.0, dtype="f16")
+        print(name, b, kv, len(compile_candidates(mod.graphs[0], b, kv)), "candidates")
 
 
 def compile_only(args):
@@ -101,10 +113,15 @@ def main():
                     help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
     ap.add_argument("--no-torch-compile", action="store_true",
                     help="skip the torch.compile baseline (its autotuning takes minutes)")
+    ap.add_argument("--tune", action="store_true",
+                    help="autotune fusionc's choices on the GPU first (stored, reused later); "
+                         "with --compile-only, compile every candidate")
     ap.add_argument("--no-fusionc", action="store_true", help="baselines only")
     args = ap.parse_args()
-    global NO_COMPILE
-    NO_COMPILE = args.no_torch_compile
+    global NO_COMPILE, TUNE
+    NO_COMPILE, TUNE = args.no_torch_compile, args.tune and not args.compile_only
+    if args.tune and args.compile_only:
+        return compile_candidates_only(args)
     if args.compile_only:
         return compile_only(args)
     bw = common.copy_bandwidth()

@@ -44,7 +44,7 @@ def fusionc_mlp(m, batch):
     mod = llama2_7b.mlp_block(hidden=m["hidden"], intermediate=m["intermediate"], eps=1e-5,
                               dtype="f16")
     try:
-        return fusionc.compile(mod, max_batch=batch)
+        return fusionc.compile(mod, max_batch=batch, autotune=TUNE)
     except fusionc.errors.FusionError as e:  # reported in the table
         print("fusionc cannot compile this point:", e)
         return None
@@ -62,6 +62,18 @@ def run_point(name, m, batch, bw, fn):
 
 
 NO_COMPILE = False
+TUNE = False
+
+
+def compile_candidates_only(args):
+    from fusionc.tune.search import compile_candidates
+    import llama2_7b
+    for name in MODELS:
+        for b in (1,) if args.quick else (1, 4, 16):
+            m = MODELS[name]
+            mod = llama2_7b.mlp_block(hidden=m["hidden"], intermediate=m["intermediate"],
+                                      eps=1e-5, dtype="f16")
+            print(name, b, len(compile_candidates(mod.graphs[0], b, 4096)), "candidates")
 
 
 def compile_only(args):
@@ -78,10 +90,15 @@ def main():
                     help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
     ap.add_argument("--no-torch-compile", action="store_true",
                     help="skip the torch.compile baseline (its autotuning takes minutes)")
+    ap.add_argument("--tune", action="store_true",
+                    help="autotune fusionc's choices on the GPU first (stored, reused later); "
+                         "with --compile-only, compile every candidate")
     ap.add_argument("--no-fusionc", action="store_true")
     args = ap.parse_args()
-    global NO_COMPILE
-    NO_COMPILE = args.no_torch_compile
+    global NO_COMPILE, TUNE
+    NO_COMPILE, TUNE = args.no_torch_compile, args.tune and not args.compile_only
+    if args.tune and args.compile_only:
+        return compile_candidates_only(args)
     if args.compile_only:
         return compile_only(args)
     bw = common.copy_bandwidth()

@@ -16,7 +16,7 @@ from fusionc.runtime import arrays
 
 def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: int = 0,
             scheme: str = "auto", kv_len: int = 4096, pipeline: str | None = None,
-            codegen=None, progress=None) -> "CompiledGraph":
+            codegen=None, autotune: bool = False, progress=None) -> "CompiledGraph":
     """Lower, fuse, generate and compile ``program`` for the GPU.
 
     Args:
@@ -27,6 +27,9 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
         kv_len: the KV length the cost model plans for (any length runs).
         pipeline: a pipeline string overriding the default built from these options.
         codegen: :class:`fusionc.codegen.CodegenOptions` (e.g. ``gemv_unroll``).
+        autotune: search the choices on the GPU when none is stored (``fusionc.tune``). When
+            cluster, scheme, pipeline and codegen are left open, a stored choice for this graph
+            and GPU is used; otherwise the cost model decides.
         progress: a callable(str) told about each kernel as it compiles (e.g. tqdm.write).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
@@ -39,6 +42,10 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     _check_options(program, max_batch, kv_len, cluster)
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
+    if pipeline is None and codegen is None and cluster == 0 and scheme == "auto":
+        choice = _tuned(module[name], max_batch, kv_len, autotune)
+        if choice is not None:
+            cluster, scheme, codegen = choice
     pipeline = pipeline or (f"partition-cluster{{size={cluster},scheme={scheme},"
                             f"batch={max_batch},kv_len={kv_len},max_batch={max_batch}}},fuse")
     lowered = run_pipeline(Module((module[name],)), pipeline)
@@ -61,6 +68,20 @@ def _check_options(program, max_batch, kv_len, cluster) -> None:
     for name, v in (("max_batch", max_batch), ("kv_len", kv_len)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise InputError(f"{name} = {v!r}", valid=f"a positive integer {name}")
+
+
+def _tuned(g: Graph, max_batch: int, kv_len: int, search: bool):
+    """(cluster, scheme, CodegenOptions) stored for this graph and GPU, searched first when
+    ``search`` and nothing is stored; None to let the cost model decide."""
+    from fusionc.codegen import CodegenOptions
+    from fusionc.tune import autotune, lookup
+    hit = lookup(g, max_batch, kv_len)
+    if hit is None and search:
+        best, _ = autotune(g, max_batch, kv_len)
+        hit = {"cluster": best.cluster, "scheme": best.scheme, "gemv_unroll": best.gemv_unroll}
+    if hit is None:
+        return None
+    return hit["cluster"], hit["scheme"], CodegenOptions(gemv_unroll=hit["gemv_unroll"])
 
 
 def check_launches_only(host: Graph) -> None:

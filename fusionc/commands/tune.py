@@ -1,0 +1,42 @@
+"""``fusionc tune``: autotune the kernels of an example on the GPU and store the choices."""
+from __future__ import annotations
+
+from fusionc.cli import command
+from fusionc.commands.compile import positive_int
+
+
+@command("tune", "measure cluster size, scheme and gemv depth on the GPU; store the fastest")
+def setup(p):
+    p.add_argument("source", help="a DSL file (.py)")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch bucket (default 1)")
+    p.add_argument("--kv-len", type=positive_int, default=4096, help="KV length (default 4096)")
+    p.add_argument("--graph", metavar="NAME", help="tune only this graph")
+    p.add_argument("--compile-only", action="store_true",
+                   help="only compile every candidate into the cubin cache (no GPU needed)")
+    p.add_argument("-D", dest="sizes", metavar="NAME=VALUE", action="append", default=[],
+                   help="a size for build() (repeatable)")
+
+    def run(args):
+        from fusionc.commands.ir import load, parse_sizes
+        from fusionc.dsl.loader import build_parameters
+        from fusionc.tune import autotune
+        from fusionc.tune.search import compile_candidates
+        sizes = parse_sizes(args.sizes)
+        if "max_seq" in build_parameters(args.source):
+            sizes.setdefault("max_seq", args.kv_len)
+        module = load(args.source, sizes)
+        for g in module.graphs:
+            if g.kind != "graph" or args.graph not in (None, g.name):
+                continue
+            if args.compile_only:
+                print(f"@{g.name}: {len(compile_candidates(g, args.batch, args.kv_len))} "
+                      "candidates compiled")
+                continue
+            best, results = autotune(g, args.batch, args.kv_len)
+            for ch, us in sorted(results, key=lambda r: r[1])[:5]:
+                print(f"@{g.name}: C={ch.cluster} {ch.scheme} unroll {ch.gemv_unroll}: "
+                      f"{us:.1f} µs")
+            print(f"@{g.name}: stored C={best.cluster} {best.scheme} unroll "
+                  f"{best.gemv_unroll} for batch {args.batch}, KV {args.kv_len}")
+        return 0
+    return run

@@ -1,0 +1,117 @@
+"""The autotuning search: every candidate choice is compiled (through the cubin cache) and timed
+on the GPU by CUDA-graph replay over buffer sets larger than 3x L2; the fastest is stored."""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+from fusionc.ir.nodes import Graph
+
+L2_BYTES = 60 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Compile-time choices the search varies."""
+
+    cluster: int
+    scheme: str
+    gemv_unroll: int
+
+    def compile_kwargs(self) -> dict:
+        from fusionc.codegen import CodegenOptions
+        return dict(cluster=self.cluster, scheme=self.scheme,
+                    codegen=CodegenOptions(gemv_unroll=self.gemv_unroll))
+
+
+def candidates() -> list[Choice]:
+    """Cluster sizes x QKV/gate-up schemes x gemv loads in flight."""
+    return [Choice(c, s, u) for c in (1, 2, 4, 8, 16) for s in ("splitk", "splitn")
+            for u in (8, 16)]
+
+
+def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = True):
+    """(choice, compiled) for every candidate that lowers and fits (no GPU needed)."""
+    import fusionc
+    from fusionc.errors import FusionError
+    from tqdm import tqdm
+    out = []
+    for ch in tqdm(candidates(), desc=f"compiling @{g.name}", disable=not progress):
+        try:
+            out.append((ch, fusionc.compile(g, max_batch=max_batch, kv_len=kv_len,
+                                            **ch.compile_kwargs())))
+        except FusionError:
+            continue  # this choice cannot realize the graph (sizes, shared memory)
+    return out
+
+
+def autotune(g: Graph, max_batch: int, kv_len: int, *, reps: int = 20,
+             progress: bool = True, store: bool = True) -> tuple[Choice, list[tuple]]:
+    """Measure every candidate on the current GPU; store and return the fastest.
+
+    Returns ``(best choice, [(choice, µs), ...])``. Raises DeviceError without a GPU.
+    """
+    from fusionc.runtime.arrays import require_gpu
+    from fusionc.tune import store as st
+    from tqdm import tqdm
+    require_gpu()
+    compiled = compile_candidates(g, max_batch, kv_len, progress)
+    sets = _buffer_sets(g, max_batch, kv_len)
+    results = []
+    outs = [_outputs(g, s) for s in sets]
+    for ch, fn in tqdm(compiled, desc=f"timing @{g.name}", disable=not progress):
+        results.append((ch, _time(fn, sets, outs, reps)))
+    best, us = min(results, key=lambda r: r[1])
+    if store:
+        st.record(g, max_batch, kv_len, {**asdict(best), "us": round(us, 2),
+                                         "candidates": len(results)})
+    return best, results
+
+
+def _buffer_sets(g: Graph, batch: int, kv_len: int) -> list[dict]:
+    """Random device inputs, as many sets as needed to exceed 3x L2."""
+    import numpy as np
+    from fusionc.commands.compile import random_inputs
+    from fusionc.runtime.transfer import upload
+    rng = np.random.default_rng(0)
+    one = random_inputs(g, batch, rng, max_len=kv_len)
+    nbytes = sum(p.type.nbytes({d: batch for d in p.type.shape if isinstance(d, str)})
+                 for p in g.params)
+    n = max(2, math.ceil(3 * L2_BYTES / max(nbytes, 1)))
+    return [{p.name: upload(one[p.name], p.type.dtype) for p in g.params} for _ in range(n)]
+
+
+def _outputs(g: Graph, s: dict) -> dict:
+    """Pre-allocated buffers for the graph's new outputs (nothing is allocated in a capture)."""
+    import cupy
+    from fusionc.runtime.arrays import _CUPY
+    params = {p.name for p in g.params}
+    env = {d: n for p in g.params for d, n in zip(p.type.shape, s[p.name].shape)
+           if isinstance(d, str)}
+    return {v.name: cupy.empty(v.type.concrete(env), _CUPY[v.type.dtype])
+            for v in g.outputs if v.name not in params}
+
+
+def _time(fn, sets: list[dict], outs: list[dict], reps: int) -> float:
+    """µs per call: one CUDA graph calls ``fn`` once per buffer set; median replay / sets."""
+    import cupy
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for s, o in zip(sets, outs):
+            fn(**s, outputs=o)  # loads the module, warms up
+        stream.synchronize()
+        stream.begin_capture()
+        for s, o in zip(sets, outs):
+            fn(**s, outputs=o)
+        graph = stream.end_capture()
+        graph.launch()
+        times = []
+        for _ in range(reps):
+            a, b = cupy.cuda.Event(), cupy.cuda.Event()
+            a.record(stream)
+            graph.launch()
+            b.record(stream)
+            b.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(a, b) * 1e3 / len(sets))
+    return statistics.median(times)

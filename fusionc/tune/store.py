@@ -1,0 +1,69 @@
+"""The autotuning store: ``autotune.json`` in the cubin cache folder.
+
+Entries are keyed by the SHA-256 of the graph's IR text with the batch bucket and KV-length
+bucket, then by GPU name, then by fusionc version; each holds the chosen cluster size, scheme and
+gemv loads in flight with the measured time. Written atomically (temporary file + rename).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+
+import fusionc
+from fusionc.ir.nodes import Graph
+from fusionc.ir.printer import print_graph
+
+DEFAULT_GPU = "NVIDIA H200"  # the target when no GPU is present (compiling on a CPU machine)
+
+
+def store_path() -> pathlib.Path:
+    from fusionc.runtime.cache import cache_dir
+    return pathlib.Path(cache_dir() or (pathlib.Path.home() / ".cache" / "fusionc")) / \
+        "autotune.json"
+
+
+def graph_key(g: Graph, max_batch: int, kv_len: int) -> str:
+    """Hex digest of the graph's IR with the batch bucket and the KV length rounded up to a
+    power of two (the optimum moves with the KV length, slowly)."""
+    kv_bucket = 1 << max(0, int(kv_len) - 1).bit_length()
+    text = f"{print_graph(g)}|max_batch={max_batch}|kv={kv_bucket}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def gpu_name() -> str:
+    """The current GPU's name, or the default target without a GPU."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    except Exception:
+        return DEFAULT_GPU
+
+
+def _load() -> dict:
+    try:
+        return json.loads(store_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def lookup(g: Graph, max_batch: int, kv_len: int, gpu: str | None = None) -> dict | None:
+    """The stored choice for this graph on ``gpu`` (default: the current one) and this version,
+    or None."""
+    entry = _load().get(graph_key(g, max_batch, kv_len), {})
+    return entry.get(gpu or gpu_name(), {}).get(fusionc.__version__)
+
+
+def record(g: Graph, max_batch: int, kv_len: int, choice: dict, gpu: str | None = None) -> None:
+    """Store ``choice`` (a JSON-able dict) for this graph, GPU and version."""
+    data = _load()
+    key = graph_key(g, max_batch, kv_len)
+    data.setdefault(key, {}).setdefault(gpu or gpu_name(), {})[fusionc.__version__] = choice
+    path = store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="autotune", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
