@@ -62,7 +62,9 @@ class AttentionStage:
 
 @dataclass(frozen=True)
 class MLPStage:
-    """x → [RMSNorm] → gate, up projections → SiLU·mul → down projection → [+ residual]."""
+    """x → [RMSNorm] → gate, up projections → SiLU·mul → down projection → [+ residual].
+    x and the residual may be graph inputs or values computed before the block (e.g. by
+    another block: its launch then comes first)."""
 
     ops: tuple[Op, ...]
     x: Value

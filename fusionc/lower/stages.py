@@ -68,7 +68,6 @@ def match_attention(df: Dataflow, att: Op) -> AttentionStage:
                             op=att.name, loc=att.loc,
                             valid="the same rope(positions) on q and k, none on v")
     x, norm, nops = input_norm(df, hq, att)
-    x = df.param(x, "attention input", att)
     for w in (kc0, vc0, lens, positions):
         df.param(w, "cache, length or position input", att)
     ops += [app] + qops + kops + vops + nops
@@ -81,8 +80,6 @@ def match_attention(df: Dataflow, att: Op) -> AttentionStage:
             ops += [flat, lin]
             out = lin.result
     residual, out, rops = residual_tail(df, out) if oproj is not None else (None, out, [])
-    if residual is not None:
-        residual = df.param(residual, "residual", rops[0])
     return AttentionStage(
         tuple(_unique(ops + rops)), x, norm, qrows, krows, vrows, heads, kv_heads, head_dim,
         qn, kn, qrope, positions, kc0, vc0, lens, att.attr("scale"), app.results,
@@ -97,15 +94,12 @@ def match_mlp(df: Dataflow, act: Op) -> MLPStage:
         raise LoweringError("gate and up are projected from different inputs", op=act.name,
                             loc=act.loc, valid="one normalized hidden state h")
     x, norm, nops = input_norm(df, hg, act)
-    x = df.param(x, "MLP input", act)
     down = df.sole_use(act.result, "linear")
     if down is None or len(down.operands) != 2:
         raise LoweringError("SiLU·mul is not followed by a down projection", op=act.name,
                             loc=act.loc, valid="linear(silu_mul(gate, up), w_down)")
     wd = df.param(down.operands[1], "down projection weight", down)
     residual, out, rops = residual_tail(df, down.result)
-    if residual is not None:
-        residual = df.param(residual, "residual", rops[0])
     ops = [act, down] + gops + uops + nops + rops
     return MLPStage(tuple(_unique(ops)), x, norm, grows, urows, wd, residual, out)
 

@@ -60,11 +60,26 @@ class Fuse(Pass):
 
 
 def mergeable(ka: Graph, kb: Graph, la: Op, lb: Op) -> bool:
-    """Whether launch ``lb`` may run in the same kernel as ``la`` (see module docstring)."""
+    """Whether launch ``lb`` may run in the same kernel as ``la`` (see module docstring): B reads
+    nothing A writes, neither updates in place an input the other reads or writes, the launch
+    shapes match, and the merged kernel still fits in shared memory."""
     written = {r.name for r in la.results}
-    independent = not any(v.name in written for v in lb.operands)
-    same_shape = all(ka.attr(a) == kb.attr(a) for a in ("cluster", "threads"))
-    return independent and same_shape
+    if any(v.name in written for v in lb.operands):
+        return False
+    inplace_a, inplace_b = _updated_inputs(ka, la), _updated_inputs(kb, lb)
+    if inplace_a & {v.name for v in lb.operands} or inplace_b & {v.name for v in la.operands}:
+        return False
+    if not all(ka.attr(a) == kb.attr(a) for a in ("cluster", "threads")):
+        return False
+    from fusionc.codegen import smem_required
+    from fusionc.ir.kernel import SMEM_LIMIT
+    return smem_required(ka) + smem_required(kb) <= SMEM_LIMIT
+
+
+def _updated_inputs(k: Graph, launch: Op) -> set[str]:
+    """Host values that the launch of ``k`` updates in place (returned input parameters)."""
+    outs = {v.name for v in k.outputs}
+    return {a.name for p, a in zip(k.params, launch.operands) if p.name in outs}
 
 
 def merge(kernels: dict[str, Graph], la: Op, lb: Op) -> Op:

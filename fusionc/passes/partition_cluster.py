@@ -70,6 +70,12 @@ class PartitionCluster(Pass):
         kernels = []
         for i, st in enumerate(find_stages(g)):
             k = self.best_kernel(st, f"{g.name}_k{i}")
+            inner = {r.name: op for op in st.ops for r in op.results}
+            for p in k.params:
+                if p.name in inner and p.name != st.out.name:  # a residual from inside
+                    raise LoweringError(f"the block needs %{p.name} from inside itself",
+                                        op=inner[p.name].name, loc=inner[p.name].loc,
+                                        valid="inputs and residuals computed before the block")
             kernels.append(k)
             for op in st.ops:
                 replaced[id(op)] = None

@@ -26,9 +26,10 @@ def as_cupy(x, p: Value, where: str):
     import cupy
     dt = p.type.dtype
     if is_torch(x):
-        if not x.is_cuda:
+        if not x.is_cuda or x.device.index != cupy.cuda.Device().id:
             raise InputError(f"argument '{p.name}' is on {x.device}", op=where,
-                             valid=f"a CUDA tensor on the current device ({p.type})")
+                             valid=f"a CUDA tensor on the current device "
+                                   f"cuda:{cupy.cuda.Device().id} ({p.type})")
         if str(x.dtype) != "torch." + _TORCH[dt]:
             raise InputError(f"argument '{p.name}' has dtype {x.dtype}", op=where,
                              valid=f"torch.{_TORCH[dt]} for {p.type}")

@@ -30,7 +30,9 @@ def cache_dir() -> pathlib.Path | None:
 def cache_key(source: str, arch: str = "sm_90a", options: tuple[str, ...] = ()) -> str:
     """Hex digest identifying one compilation (NVRTC and fusionc versions included)."""
     import fusionc
-    blob = json.dumps([source, arch, list(options), list(nvrtc_version()), fusionc.__version__])
+    from fusionc.runtime.nvrtc import DEFAULT_OPTIONS
+    blob = json.dumps([source, arch, list(DEFAULT_OPTIONS) + list(options),
+                       list(nvrtc_version()), fusionc.__version__])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

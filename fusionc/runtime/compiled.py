@@ -145,7 +145,8 @@ class CompiledGraph:
             result_of = {v.name: r for v, r in zip(k.outputs, op.results)}
             for p in k.params[len(op.operands):]:  # pure outputs
                 r = result_of[p.name]
-                objs[r.name], views[r.name] = self._output(p, r.name, env, torch_mode, outputs)
+                objs[r.name], views[r.name] = self._output(p, r.name, env, torch_mode, outputs,
+                                                           views)
                 tensors[p.name] = views[r.name]
             self._loaded[k.name].launch(tensors, env, stream=stream)
             for p, a in zip(k.params, op.operands):  # inputs updated in place (KV caches)
@@ -171,13 +172,18 @@ class CompiledGraph:
                              valid=", ".join(names))
         return given
 
-    def _output(self, param, result: str, env, torch_mode, outputs):
+    def _output(self, param, result: str, env, torch_mode, outputs, inputs: dict):
         if outputs is not None and not isinstance(outputs, dict):
             raise InputError(f"outputs= is a {type(outputs).__name__}", op=self.host.name,
                              valid="a dict {output name: tensor}")
         want = (outputs or {}).get(result)
         if want is not None:
             view = arrays.as_cupy(want, param, self.host.name)
+            for name, other in inputs.items():
+                if _overlap(view, other):
+                    raise InputError(f"output '{result}' overlaps argument '{name}'",
+                                     op=self.host.name, valid="a separate output buffer "
+                                     "(kernels read all inputs while writing outputs)")
             if tuple(view.shape) != param.type.concrete(env):
                 raise InputError(f"output '{result}' has shape {list(view.shape)}",
                                  op=self.host.name, valid=f"{param.type} with {env}")
@@ -185,3 +191,9 @@ class CompiledGraph:
         return arrays.empty_like_inputs(param, env, torch_mode)
 
 
+
+
+def _overlap(a, b) -> bool:
+    """Whether two device arrays share bytes."""
+    a0, b0 = a.data.ptr, b.data.ptr
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes

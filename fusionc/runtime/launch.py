@@ -45,6 +45,10 @@ def ensure_device() -> None:
         cc = cupy.cuda.Device().compute_capability
     except Exception as e:  # no driver, no GPU
         raise DeviceError(f"no usable CUDA GPU ({type(e).__name__}: {e})") from None
+    version = check(driver().cuDriverGetVersion(), "cuDriverGetVersion")
+    if version < 13000:
+        raise DeviceError(f"CUDA driver {version // 1000}.{version % 1000 // 10} is too old",
+                          valid="a CUDA 13 driver (580 series or newer)")
     if cc != "90":
         raise DeviceError(f"compute capability {cc[:-1]}.{cc[-1]}",
                           valid="an sm_90 GPU (H100, H200): kernels are built for sm_90a")
@@ -53,9 +57,10 @@ def ensure_device() -> None:
 class LoadedKernel:
     """A compiled kernel loaded into the current context, with its global workspace.
 
-    The grid_reduce workspace and arrival counters are allocated and zeroed once here; every
-    launch leaves the counters zero, so launches (and CUDA-graph replays) need no reset. One
-    LoadedKernel must not run concurrently on two streams (they would share counters).
+    The grid_reduce workspace and arrival counters are allocated and zeroed once per stream, on
+    that stream, at the first launch there (so do one launch on a stream before capturing it in
+    a CUDA graph); every launch leaves the counters zero, so launches and graph replays need no
+    reset, and launches on different streams never share counters.
     """
 
     def __init__(self, compiled: CompiledKernel):
@@ -75,8 +80,18 @@ class LoadedKernel:
             check(cu.cuFuncSetAttribute(
                 self.function, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
                 "allowing the non-portable cluster size 16")
-        self.workspace = cupy.zeros(max(src.workspace_floats, 1), cupy.float32)
-        self.counters = cupy.zeros(max(src.counters, 1), cupy.uint32)
+        self._scratch: dict[int, tuple] = {}  # stream handle -> (workspace, counters)
+
+    def scratch(self, stream) -> tuple:
+        """(workspace, counters) of ``stream``, allocated and zeroed on it at first use."""
+        import cupy
+        if stream.ptr not in self._scratch:
+            src = self.compiled.source
+            with stream:
+                self._scratch[stream.ptr] = (cupy.zeros(max(src.workspace_floats, 1),
+                                                        cupy.float32),
+                                             cupy.zeros(max(src.counters, 1), cupy.uint32))
+        return self._scratch[stream.ptr]
 
     def launch(self, tensors: dict, dims: dict[str, int], delay: tuple[int, int] = (-1, 0),
                stream=None) -> None:
@@ -94,16 +109,18 @@ class LoadedKernel:
         import cupy
         cu = driver()
         src = self.compiled.source
+        stream = stream or cupy.cuda.get_current_stream()
+        workspace, counters = self.scratch(stream)
         values, types = [], []
         for p in src.params:
-            v, t = self._arg(p, tensors, dims, delay)
+            v, t = self._arg(p, tensors, dims, delay, workspace, counters)
             values.append(v)
             types.append(t)
         cfg = cu.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = src.blocks, 1, 1
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = src.threads, 1, 1
         cfg.sharedMemBytes = src.smem_bytes
-        cfg.hStream = cu.CUstream((stream or cupy.cuda.get_current_stream()).ptr)
+        cfg.hStream = cu.CUstream(stream.ptr)
         attrs = []
         if src.cluster > 1 and not src.cluster_dims_in_source:
             a = cu.CUlaunchAttribute()
@@ -135,7 +152,7 @@ class LoadedKernel:
                              "16-byte vectors); allocations are, views may not be")
         return a.data.ptr
 
-    def _arg(self, p, tensors, dims, delay):
+    def _arg(self, p, tensors, dims, delay, workspace, counters):
         if p.kind == "tensor":
             return self._tensor(p.value, tensors, dims), ctypes.c_void_p
         if p.kind == "dim":
@@ -146,9 +163,9 @@ class LoadedKernel:
                                  valid=f"0 <= {p.symbol} <= max_batch = {mb}")
             return int(n), ctypes.c_int
         if p.kind == "workspace":
-            return self.workspace.data.ptr, ctypes.c_void_p
+            return workspace.data.ptr, ctypes.c_void_p
         if p.kind == "counters":
-            return self.counters.data.ptr, ctypes.c_void_p
+            return counters.data.ptr, ctypes.c_void_p
         if p.kind == "delay_rank":
             return int(delay[0]), ctypes.c_int
         return int(delay[1]), ctypes.c_ulonglong

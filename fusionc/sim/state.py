@@ -111,9 +111,16 @@ class GlobalMemory:
             hit = np.zeros(arr.shape, bool)
             inited = np.zeros(arr.shape, bool)
             parts = sorted(parts, key=lambda p: p[0])
-            for _, index, _, init in parts:
+            for gid, index, _, init in parts:
                 if init is not None:
                     fresh = ~inited[index]
+                    same = np.where(fresh, True, (acc[index] == init) |
+                                    (np.isnan(acc[index]) & np.isnan(init)))
+                    if not np.all(same):
+                        raise SimulationError(
+                            f"CTA {gid} passes grid_reduce an init for %{name} that differs "
+                            "from another contributor's (the GPU adds whichever arrives last)",
+                            op="grid_reduce", valid="the same init on every contributing CTA")
                     acc[index] = np.where(fresh, init, acc[index])
                     inited[index] = True
             for _, index, value, _ in parts:

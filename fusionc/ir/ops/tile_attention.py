@@ -2,7 +2,7 @@
 
 ``attn_partial(%q, %k_cache, %v_cache, %seq_lens, %positions, %k_new, %v_new)
 {kv_head, part, parts, tile, scale} -> (m: f32[B, G], l: f32[B, G], o: f32[B, G, D])``
-    For batch row b with n = seq_lens[b] tokens, split into ``parts`` chunks of
+    For batch row b with n = clamp(seq_lens[b], 0, max_seq) tokens, split into ``parts`` chunks of
     ``chunk = tile · ceil(ceil(n / parts) / tile)`` tokens, this CTA takes chunk ``part``:
     tokens t ∈ [part·chunk, min(n, (part+1)·chunk)). The token at t = positions[b] is the one
     appended in this launch: its key and value come from ``k_new``/``v_new`` (it is not visible
@@ -73,7 +73,8 @@ def _sim_partial(op, args, cta):
     l = np.zeros((B, G), np.float32)
     o = np.zeros((B, G, D), np.float32)
     for b in range(B):
-        lo, hi = chunk_range(int(lens[b]), part, op.attr("parts"), op.attr("tile"))
+        n = min(max(int(lens[b]), 0), cta.memory.arrays[kname].shape[1])  # as the GPU clamps
+        lo, hi = chunk_range(n, part, op.attr("parts"), op.attr("tile"))
         if hi <= lo:
             continue
         keys, vals = (

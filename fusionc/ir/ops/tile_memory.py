@@ -146,7 +146,7 @@ def _infer_smem_store(op):
 
 
 def _sim_smem_store(op, args, cta):
-    args[0].store(np.asarray(args[1], np.float32), cta.phase, op, cta.rank)
+    args[0].store(np.asarray(args[1]), cta.phase, op, cta.rank)
     return ()
 
 
