@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fusionc.codegen import cnames
 from fusionc.codegen.layout import SmemPlan
 from fusionc.codegen.refs import Ref
 from fusionc.codegen.render import render
@@ -95,6 +94,3 @@ class EmitCtx:
 
     def render(self, template: str, **kw) -> str:
         return render(template, **kw)
-
-    def affine(self, a) -> str:
-        return cnames.affine(a)

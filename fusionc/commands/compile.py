@@ -48,7 +48,7 @@ def compile_main(args) -> int:
     from fusionc.commands.ir import load, parse_sizes
     from fusionc.ir import Module, print_module
     from fusionc.passes import run_pipeline
-    from fusionc.errors import DSLError, InputError
+    from fusionc.errors import DSLError
     from fusionc.runtime.compiled import check_launches_only
     module = load(args.source, parse_sizes(args.sizes))
     graphs = [g for g in module.graphs if g.kind == "graph"

@@ -64,7 +64,6 @@ class LoadedKernel:
     """
 
     def __init__(self, compiled: CompiledKernel):
-        import cupy
         ensure_device()
         cu = driver()
         self.compiled = compiled

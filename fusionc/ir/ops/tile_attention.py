@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from fusionc.interp.numerics import round_to
 from fusionc.ir.ops.tile_memory import K, param_of
 from fusionc.ir.registry import AFFINE, FLOAT, POS_INT, Cost, OpDef, attr, fail, register
 from fusionc.ir.types import DType

@@ -4,9 +4,10 @@
     Sums the tile into an output parameter across CTAs of the whole grid: each covered element
     starts from ``init`` (e.g. the residual; every contributing CTA passes the same values) or 0,
     adds the contributions in fp32 in CTA order (cluster-major), is rounded once and overwrites
-    the output —
-    deterministic, as the last-arriving-cluster or fixed-tree reductions codegen emits (DESIGN
-    §5). Used for the output projection summed over heads.
+    the output — deterministic: codegen has every CTA write its partial to a workspace slot and
+    the last CTA to arrive at a window add the slots in this order (DESIGN §5). Used for the
+    output projections summed over heads or over the intermediate dimension; the fused result is
+    rounded once where the graph rounds the projection and the residual add separately.
 ``%outs = launch(%args) {kernel = @k}`` (in graphs)
     Runs kernel ``@k`` with its leading parameters bound to ``%args``; the remaining
     parameters are pure outputs allocated by the runtime. Results are the kernel's returned
