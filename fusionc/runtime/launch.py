@@ -57,13 +57,15 @@ def ensure_device() -> None:
 class LoadedKernel:
     """A compiled kernel loaded into the current context, with its global workspace.
 
-    The grid_reduce workspace and arrival counters are allocated and zeroed once per stream, on
-    that stream, at the first launch there (so do one launch on a stream before capturing it in
-    a CUDA graph); every launch leaves the counters zero, so launches and graph replays need no
-    reset, and launches on different streams never share counters.
+    The grid_reduce workspace and arrival counters are allocated and zeroed once, here, and the
+    device is synchronized so that no launch on any stream can see them before they are zero
+    (so load, i.e. call once, before capturing a CUDA graph); every launch leaves the counters
+    zero, so launches and graph replays need no reset. One LoadedKernel must not run on two
+    streams at the same time (they would share the counters).
     """
 
     def __init__(self, compiled: CompiledKernel):
+        import cupy
         ensure_device()
         cu = driver()
         self.compiled = compiled
@@ -79,18 +81,9 @@ class LoadedKernel:
             check(cu.cuFuncSetAttribute(
                 self.function, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
                 "allowing the non-portable cluster size 16")
-        self._scratch: dict[int, tuple] = {}  # stream handle -> (workspace, counters)
-
-    def scratch(self, stream) -> tuple:
-        """(workspace, counters) of ``stream``, allocated and zeroed on it at first use."""
-        import cupy
-        if stream.ptr not in self._scratch:
-            src = self.compiled.source
-            with stream:
-                self._scratch[stream.ptr] = (cupy.zeros(max(src.workspace_floats, 1),
-                                                        cupy.float32),
-                                             cupy.zeros(max(src.counters, 1), cupy.uint32))
-        return self._scratch[stream.ptr]
+        self.workspace = cupy.zeros(max(src.workspace_floats, 1), cupy.float32)
+        self.counters = cupy.zeros(max(src.counters, 1), cupy.uint32)
+        cupy.cuda.Device().synchronize()  # zeroed before any stream launches the kernel
 
     def launch(self, tensors: dict, dims: dict[str, int], delay: tuple[int, int] = (-1, 0),
                stream=None) -> None:
@@ -109,10 +102,9 @@ class LoadedKernel:
         cu = driver()
         src = self.compiled.source
         stream = stream or cupy.cuda.get_current_stream()
-        workspace, counters = self.scratch(stream)
         values, types = [], []
         for p in src.params:
-            v, t = self._arg(p, tensors, dims, delay, workspace, counters)
+            v, t = self._arg(p, tensors, dims, delay)
             values.append(v)
             types.append(t)
         cfg = cu.CUlaunchConfig()
@@ -151,7 +143,7 @@ class LoadedKernel:
                              "16-byte vectors); allocations are, views may not be")
         return a.data.ptr
 
-    def _arg(self, p, tensors, dims, delay, workspace, counters):
+    def _arg(self, p, tensors, dims, delay):
         if p.kind == "tensor":
             return self._tensor(p.value, tensors, dims), ctypes.c_void_p
         if p.kind == "dim":
@@ -162,9 +154,9 @@ class LoadedKernel:
                                  valid=f"0 <= {p.symbol} <= max_batch = {mb}")
             return int(n), ctypes.c_int
         if p.kind == "workspace":
-            return workspace.data.ptr, ctypes.c_void_p
+            return self.workspace.data.ptr, ctypes.c_void_p
         if p.kind == "counters":
-            return counters.data.ptr, ctypes.c_void_p
+            return self.counters.data.ptr, ctypes.c_void_p
         if p.kind == "delay_rank":
             return int(delay[0]), ctypes.c_int
         return int(delay[1]), ctypes.c_ulonglong
