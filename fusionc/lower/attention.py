@@ -79,10 +79,11 @@ def _project_splitk(b: KernelBuilder, st: AttentionStage, size: int):
         ss = b.op("reduce", x, op="sumsq", axis=-1, hint="ss")
         ss = all_reduce(b, ss, "sum", hint="ss_sum") if size > 1 else ss
         w = b.op("load", b.param(st.norm.weight), offsets=[f"{ks}*rank"], sizes=[ks], hint="wn")
-        x = b.op("norm_apply", x, w, ss, eps=st.norm.eps, dim=hidden, hint="h")
+        x = b.op("norm_apply", x, w, ss, eps=st.norm.eps, dim=hidden, hint="h",
+                 loc=st.norm.loc)
     G, D = st.heads // st.kv_heads, st.head_dim
     parts = [b.op("gemv", x, p.weight, row=f"{p.row0} + {n}*cluster", col=f"{ks}*rank",
-                  rows=n, hint="p")
+                  rows=n, hint="p", loc=p.loc)
              for p, n in ((st.q, G * D), (st.k, D), (st.v, D))]
     pack = b.op("concat", *parts, axis=-1, hint="qkv_part")
     return all_reduce(b, pack, "sum", hint="qkv") if size > 1 else pack
@@ -94,11 +95,11 @@ def _project_splitn(b: KernelBuilder, st: AttentionStage, size: int):
     x = b.op("load", st.x, offsets=["0", "0"], sizes=[B, hidden], hint="x")
     if st.norm is not None:
         w = b.op("load", b.param(st.norm.weight), offsets=["0"], sizes=[hidden], hint="wn")
-        x = b.op("rms_norm", x, w, eps=st.norm.eps, hint="h")
+        x = b.op("rms_norm", x, w, eps=st.norm.eps, hint="h", loc=st.norm.loc)
     G, D = st.heads // st.kv_heads, st.head_dim
     rq, rk = G * D // size, D // size
     parts = [b.op("gemv", x, p.weight, row=f"{p.row0} + {n * size}*cluster + {n}*rank",
-                  col="0", rows=n, hint="p")
+                  col="0", rows=n, hint="p", loc=p.loc)
              for p, n in ((st.q, rq), (st.k, rk), (st.v, rk))]
     pack = b.op("concat", *parts, axis=-1, hint="qkv_part")
     if size == 1:
@@ -122,9 +123,9 @@ def _heads(b: KernelBuilder, st: AttentionStage, qkv, pos):
         if norm is not None:
             w = b.op("load", b.param(norm.weight), offsets=["0"], sizes=[D], hint="w" + which)
             if which == "q":
-                q = b.op("rms_norm", q, w, eps=norm.eps, hint="qn")
+                q = b.op("rms_norm", q, w, eps=norm.eps, hint="qn", loc=norm.loc)
             else:
-                k = b.op("rms_norm", k, w, eps=norm.eps, hint="kn")
+                k = b.op("rms_norm", k, w, eps=norm.eps, hint="kn", loc=norm.loc)
     if st.rope is not None:
         theta, style, rdim = st.rope
         q = b.op("rope", q, pos, theta=theta, style=style, rotary_dim=rdim, hint="qr")

@@ -11,25 +11,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusionc.errors import LoweringError
+from fusionc.errors import Loc, LoweringError
 from fusionc.ir.nodes import Graph, Op, Value
 
 
 @dataclass(frozen=True)
 class Rows:
-    """Rows [row0, row0 + rows) of a weight parameter [N, K] produce a projection."""
+    """Rows [row0, row0 + rows) of a weight parameter [N, K] produce a projection; ``loc`` is
+    the DSL line of the linear op (tile ops lowered from it carry it)."""
 
     weight: Value
     row0: int
     rows: int
+    loc: Loc | None = None
 
 
 @dataclass(frozen=True)
 class Norm:
-    """An RMSNorm: weight parameter and eps."""
+    """An RMSNorm: weight parameter, eps and the DSL line of the op."""
 
     weight: Value
     eps: float
+    loc: Loc | None = None
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ def projection(df: Dataflow, v: Value, at: Op) -> tuple[Rows, Value, list[Op]]:
         )
     w = df.param(lin.operands[1], "projection weight", lin)
     n = v.type.shape[-1] if sp is None else sp.attr("sizes")[idx]
-    return Rows(w, row0, n), lin.operands[0], ops + [lin]
+    return Rows(w, row0, n, lin.loc), lin.operands[0], ops + [lin]
 
 
 def input_norm(df: Dataflow, h: Value, at: Op) -> tuple[Value, Norm | None, list[Op]]:
@@ -159,7 +162,7 @@ def input_norm(df: Dataflow, h: Value, at: Op) -> tuple[Value, Norm | None, list
     if n is not None:
         x, norm, ops = (
             n.operands[0],
-            Norm(df.param(n.operands[1], "norm weight", n), n.attr("eps")),
+            Norm(df.param(n.operands[1], "norm weight", n), n.attr("eps"), n.loc),
             [n],
         )
     if x.type.rank != 2:

@@ -46,13 +46,13 @@ def lower_mlp(st: MLPStage, name: str, size: int, grid: int, max_batch: int,
     x = b.op("load", b.param(st.x), offsets=["0", "0"], sizes=[B, hidden], hint="x")
     if st.norm is not None:
         w = b.op("load", b.param(st.norm.weight), offsets=["0"], sizes=[hidden], hint="wn")
-        x = b.op("rms_norm", x, w, eps=st.norm.eps, hint="h")
+        x = b.op("rms_norm", x, w, eps=st.norm.eps, hint="h", loc=st.norm.loc)
     dt = str(st.x.type.dtype)
     rows = f"{R * size}*cluster + {R}*rank"
     gate = b.op("gemv", x, b.param(st.gate.weight), row=f"{st.gate.row0} + {rows}", col="0",
-                rows=R, hint="g")
+                rows=R, hint="g", loc=st.gate.loc)
     up = b.op("gemv", x, b.param(st.up.weight), row=f"{st.up.row0} + {rows}", col="0",
-              rows=R, hint="u")
+              rows=R, hint="u", loc=st.up.loc)
     act = b.op("silu_mul", b.op("cast", gate, dtype=dt, hint="g16"),
                b.op("cast", up, dtype=dt, hint="u16"), hint="act")
     if size > 1:
@@ -78,9 +78,10 @@ def _lower_splitk(st: MLPStage, name: str, size: int, grid: int, max_batch: int,
         ss = b.op("reduce", x, op="sumsq", axis=-1, hint="ss")
         ss = all_reduce(b, ss, "sum", hint="ss_sum") if size > 1 else ss
         w = b.op("load", b.param(st.norm.weight), offsets=[f"{ks}*rank"], sizes=[ks], hint="wn")
-        x = b.op("norm_apply", x, w, ss, eps=st.norm.eps, dim=hidden, hint="h")
+        x = b.op("norm_apply", x, w, ss, eps=st.norm.eps, dim=hidden, hint="h",
+                 loc=st.norm.loc)
     parts = [b.op("gemv", x, b.param(p.weight), row=f"{p.row0} + {rc}*cluster",
-                  col=f"{ks}*rank", rows=rc, hint="p") for p in (st.gate, st.up)]
+                  col=f"{ks}*rank", rows=rc, hint="p", loc=p.loc) for p in (st.gate, st.up)]
     pack = b.op("concat", *parts, axis=-1, hint="gu_part")
     pack = all_reduce(b, pack, "sum", hint="gu") if size > 1 else pack
     dt = str(st.x.type.dtype)

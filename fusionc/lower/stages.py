@@ -30,7 +30,7 @@ def _head_chain(df: Dataflow, v: Value, at: Op):
         v = r.operands[0]
     n = df.producer(v, "rms_norm")
     if n is not None:
-        norm = Norm(df.param(n.operands[1], "QK-norm weight", n), n.attr("eps"))
+        norm = Norm(df.param(n.operands[1], "QK-norm weight", n), n.attr("eps"), n.loc)
         ops.append(n)
         v = n.operands[0]
     rs = df.producer(v, "reshape")
