@@ -9,7 +9,6 @@ totalling >= 3x L2 (benchmarks/common.py).
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -107,17 +106,7 @@ def compile_only(args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="a few points only")
-    ap.add_argument("--compile-only", action="store_true",
-                    help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
-    ap.add_argument("--no-torch-compile", action="store_true",
-                    help="skip the torch.compile baseline (its autotuning takes minutes)")
-    ap.add_argument("--tune", action="store_true",
-                    help="autotune fusionc's choices on the GPU first (stored, reused later); "
-                         "with --compile-only, compile every candidate")
-    ap.add_argument("--no-fusionc", action="store_true", help="baselines only")
-    args = ap.parse_args()
+    args = common.parse_args(__doc__)
     global NO_COMPILE, TUNE
     NO_COMPILE, TUNE = args.no_torch_compile, args.tune and not args.compile_only
     if args.tune and args.compile_only:

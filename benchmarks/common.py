@@ -101,3 +101,19 @@ def measure(row: dict, sets: list[dict], eager, compiled, fusionc_fn) -> dict:
         if f"{base}_us" in row:
             row[f"vs_{base}"] = f"{row[f'{base}_us'] / row['fusionc_us']:.2f}x"
     return row
+
+
+def parse_args(doc: str):
+    """The flags every block benchmark takes."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--quick", action="store_true", help="a few points only")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
+    ap.add_argument("--no-torch-compile", action="store_true",
+                    help="skip the torch.compile baseline (its autotuning takes minutes)")
+    ap.add_argument("--tune", action="store_true",
+                    help="autotune fusionc's choices on the GPU first (stored, reused later); "
+                         "with --compile-only, compile every candidate")
+    ap.add_argument("--no-fusionc", action="store_true", help="baselines only")
+    return ap.parse_args()
