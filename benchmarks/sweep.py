@@ -92,7 +92,7 @@ def main():
         rows.append(dict(block=block, model=model, C=c, grid=k.grid, scheme=scheme, unroll=u,
                          us=us, floor_us=nb / bw * 1e6, eff=100 * nb / bw / (us * 1e-6)))
         print(rows[-1], flush=True)
-        del fn
+        fn = None  # free the kernels before the next variant
         torch.cuda.synchronize()
     print(common.table(rows, ["block", "model", "C", "grid", "scheme", "unroll", "us",
                               "floor_us", "eff"]))
