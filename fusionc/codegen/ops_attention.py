@@ -33,6 +33,10 @@ def attn_scratch(op, kernel) -> int:
 
 
 def check_partial(op, kernel) -> None:
+    """CompileError before codegen if the attention tile op cannot run: symbolic head counts or
+    cache sizes, K/V rows that are not whole 16-byte vectors, more query heads per KV head than
+    threads, or a dtype other than f16, bf16, f32.
+    """
     q, kc = op.operands[0].type, op.operands[1].type
     b, g, d = q.shape
     isz = kc.dtype.itemsize
@@ -56,6 +60,9 @@ def check_partial(op, kernel) -> None:
 
 @emitter("attn_partial", scratch=attn_scratch, check=check_partial)
 def emit_attn_partial(op, ctx) -> str:
+    """CUDA of attn_partial: split-KV online softmax over this CTA's chunk
+    (templates/ops/attn_partial.cu.j2, lib/attention.cuh.j2).
+    """
     q, kc, vc, lens, pos, kn, vn = (ctx.ref(v) for v in op.operands)
     m, l, o = (ctx.ref(r) for r in op.results)
     ctx.need("attention")
@@ -71,6 +78,7 @@ def emit_attn_partial(op, ctx) -> str:
 
 @emitter("attn_rescale")
 def emit_attn_rescale(op, ctx) -> str:
+    """CUDA of attn_rescale: [l·e, o·e] with e = exp(m − m_max), 0 for m = −inf."""
     m, l, o, mm = (ctx.ref(v) for v in op.operands)
     out = ctx.ref(op.result)
     return ctx.render("ops/attn_rescale.cu.j2", n=out.numel, D=o.shape[2], m=m.ptr, mm=mm.ptr,
@@ -79,12 +87,14 @@ def emit_attn_rescale(op, ctx) -> str:
 
 @emitter("attn_finish")
 def emit_attn_finish(op, ctx) -> str:
+    """CUDA of attn_finish: o / l, exactly 0 where l = 0."""
     lo, out = ctx.ref(op.operands[0]), ctx.ref(op.result)
     return ctx.render("ops/attn_finish.cu.j2", n=out.numel, D=out.shape[2], lo=lo.ptr,
                       out=out.ptr)
 
 
 def check_append(op, kernel) -> None:
+    """CompileError before codegen for a cache with symbolic sizes past the batch."""
     c = op.operands[0].type
     if not all(isinstance(n, int) for n in c.shape[1:]):
         raise CompileError(f"cache {c} with symbolic sizes past the batch", op=op.name,
@@ -93,6 +103,9 @@ def check_append(op, kernel) -> None:
 
 @emitter("kv_append", writes_operands=(0,), check=check_append)
 def emit_kv_append(op, ctx) -> str:
+    """CUDA of kv_append: row b of k (or v) written at cache[b, positions[b], kv_head];
+    out-of-range positions skipped.
+    """
     cache, x, pos = (ctx.ref(v) for v in op.operands)
     _, s, h, d = cache.shape
     return ctx.render("ops/kv_append.cu.j2", head=cnames.affine(op.attr("kv_head")),

@@ -41,6 +41,8 @@ def butterfly_expr(size: int, masks, combine: str, leaf) -> str:
 
 
 def check_reduce(op, kernel) -> None:
+    """CompileError before codegen for a cluster_reduce of a buffer that is not f16, bf16 or
+    f32."""
     if op.operands[0].type.dtype.value not in ("f16", "bf16", "f32"):
         raise CompileError(f"cluster_reduce of {op.operands[0].type.dtype}", op=op.name,
                            loc=op.loc, valid="a buffer of f16, bf16 or f32")
@@ -48,6 +50,9 @@ def check_reduce(op, kernel) -> None:
 
 @emitter("cluster_reduce", collective=True, check=check_reduce)
 def emit_cluster_reduce(op, ctx) -> str:
+    """CUDA of cluster_reduce: every CTA reads all peers' buffers over DSM and combines them in the
+    op's butterfly order (bit-identical on every CTA).
+    """
     buf, out = ctx.ref(op.operands[0]), ctx.ref(op.result)
     c = ctx.cluster
     combine = "fc_sum" if op.attr("op") == "sum" else "fc_max"
@@ -65,6 +70,7 @@ def emit_cluster_reduce(op, ctx) -> str:
 
 @emitter("cluster_gather", collective=True)
 def emit_cluster_gather(op, ctx) -> str:
+    """CUDA of cluster_gather: every CTA copies all peers' buffers over DSM in rank order."""
     buf, out = ctx.ref(op.operands[0]), ctx.ref(op.result)
     shape = buf.shape
     axis = op.attr("axis") % len(shape)

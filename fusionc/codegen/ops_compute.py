@@ -36,6 +36,7 @@ def auto_unroll(rows_in_registers: int) -> int:
 
 
 def check_gemv(op, kernel) -> None:
+    """CompileError before codegen for a gemv over a symbolic K."""
     k = op.operands[0].type.shape[-1]
     if not isinstance(k, int):
         raise CompileError(f"gemv over a symbolic K ({k})", op=op.name, loc=op.loc,
@@ -44,6 +45,9 @@ def check_gemv(op, kernel) -> None:
 
 @emitter("gemv", check=check_gemv)
 def emit_gemv(op, ctx) -> str:
+    """CUDA of gemv: the weight tile streamed with 16-byte loads (when aligned), several in flight,
+    fp32 accumulation for all batch rows (templates/lib/gemv.cuh.j2).
+    """
     x, w, y = ctx.ref(op.operands[0]), ctx.ref(op.operands[1]), ctx.ref(op.result)
     ctx.need("gemv")
     lead = x.shape[:-1]
@@ -60,6 +64,7 @@ def emit_gemv(op, ctx) -> str:
 
 @emitter("reduce")
 def emit_reduce(op, ctx) -> str:
+    """CUDA of reduce (sum, max, sumsq over one axis) as a block reduction in fp32."""
     x, out = ctx.ref(op.operands[0]), ctx.ref(op.result)
     axis = op.attr("axis") % len(x.shape)
     kind = op.attr("op")
@@ -74,6 +79,7 @@ def emit_reduce(op, ctx) -> str:
 
 @emitter("norm_apply")
 def emit_norm_apply(op, ctx) -> str:
+    """CUDA of norm_apply: w · x · rsqrt(ss / dim + eps) in fp32, rounded to x's dtype."""
     x, w, ss = (ctx.ref(v) for v in op.operands)
     out = ctx.ref(op.result)
     return ctx.render(

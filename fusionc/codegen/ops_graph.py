@@ -35,6 +35,7 @@ for _name in _ELEMENTWISE:
 
 @emitter("rms_norm")
 def emit_rms_norm(op, ctx) -> str:
+    """CUDA of rms_norm on a tile (graph op reused in kernels): fp32 sum of squares per row."""
     x, w = (ctx.ref(v) for v in op.operands)
     out = ctx.ref(op.result)
     n = x.shape[-1]
@@ -51,6 +52,7 @@ def inv_freq(theta: float, rotary_dim: int) -> list[float]:
 
 @emitter("rope")
 def emit_rope(op, ctx) -> str:
+    """CUDA of rope on a tile: neox or gptj pairing, angles in fp32, dims past rotary_dim copied."""
     x, pos = (ctx.ref(v) for v in op.operands)
     out = ctx.ref(op.result)
     r = op.attr("rotary_dim")
@@ -64,6 +66,7 @@ def emit_rope(op, ctx) -> str:
 
 @emitter("reshape", view=True)
 def emit_reshape(op, ctx) -> str:  # never called: views have no code
+    """reshape is a view: no code, the result aliases the operand's shared memory."""
     return ""
 
 
@@ -85,9 +88,11 @@ def _pieces(op, ctx, whole, parts, split: bool) -> str:
 
 @emitter("split")
 def emit_split(op, ctx) -> str:
+    """CUDA of split: copies of consecutive slices along one axis."""
     return _pieces(op, ctx, ctx.ref(op.operands[0]), [ctx.ref(r) for r in op.results], True)
 
 
 @emitter("concat")
 def emit_concat(op, ctx) -> str:
+    """CUDA of concat: copies of the operands side by side along one axis."""
     return _pieces(op, ctx, ctx.ref(op.result), [ctx.ref(v) for v in op.operands], False)

@@ -17,6 +17,9 @@ def _table(name: str, values) -> str:
 @emitter("grid_reduce", writes_operands=(0,), scratch=lambda op, k: 16,
          check=lambda op, k: plan_grid_reduce(k, op))
 def emit_grid_reduce(op, ctx) -> str:
+    """CUDA of grid_reduce: partial to a workspace slot, fence, arrival counter; the last CTA sums
+    the slots in CTA order from init, writes, and resets the counter.
+    """
     dst, t = ctx.ref(op.operands[0]), ctx.ref(op.operands[1])
     init = f"fc_f32({ctx.ref(op.operands[2]).ptr}[i])" if len(op.operands) > 2 else "0.f"
     plan = plan_grid_reduce(ctx.kernel, op)

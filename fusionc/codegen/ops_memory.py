@@ -46,6 +46,7 @@ def tile_copy_vars(ctx, op, gref, tref, dt) -> dict:
 
 @emitter("load")
 def emit_load(op, ctx) -> str:
+    """CUDA of load: a global tile copied into shared memory (masked elements read 0)."""
     g, t = ctx.ref(op.operands[0]), ctx.ref(op.result)
     kw = tile_copy_vars(ctx, op, g, t, t.dtype)
     return ctx.render("ops/load.cu.j2", src=g.ptr, dst=t.ptr, **kw)
@@ -53,6 +54,9 @@ def emit_load(op, ctx) -> str:
 
 @emitter("store", writes_operands=(0,))
 def emit_store(op, ctx) -> str:
+    """CUDA of store: a tile written to global memory, rounded to its dtype (masked elements
+    dropped).
+    """
     g, t = ctx.ref(op.operands[0]), ctx.ref(op.operands[1])
     kw = tile_copy_vars(ctx, op, g, t, g.dtype)
     return ctx.render("ops/store.cu.j2", src=t.ptr, dst=g.ptr, **kw)
@@ -60,6 +64,7 @@ def emit_store(op, ctx) -> str:
 
 @emitter("smem_alloc")
 def emit_alloc(op, ctx) -> str:
+    """smem_alloc needs no code: the buffer has its offset in the shared-memory plan."""
     r = ctx.ref(op.result)
     return f"// {r.ptr}: {op.result.type} at shared-memory offset {ctx.plan.offsets[r.name]}"
 
@@ -71,9 +76,11 @@ def copy(ctx, src, dst) -> str:
 
 @emitter("smem_store", writes_operands=(0,))
 def emit_smem_store(op, ctx) -> str:
+    """CUDA of smem_store: the tile copied into the CTA's own buffer, rounded to its dtype."""
     return ctx.delay() + copy(ctx, ctx.ref(op.operands[1]), ctx.ref(op.operands[0]))
 
 
 @emitter("smem_load")
 def emit_smem_load(op, ctx) -> str:
+    """CUDA of smem_load: the CTA's own buffer copied into the result tile."""
     return copy(ctx, ctx.ref(op.operands[0]), ctx.ref(op.result))

@@ -32,7 +32,8 @@ def setup(p):
     p.add_argument("--graph", metavar="NAME", help="compile only this graph")
     p.add_argument("--cluster", type=int, default=0, choices=(0, 1, 2, 4, 8, 16),
                    help="cluster size (0: cost model)")
-    p.add_argument("--scheme", default="auto", help="QKV (attention) and gate/up (MLP) scheme: splitk|splitn|auto")
+    p.add_argument("--scheme", default="auto", choices=("auto", "splitk", "splitn"),
+                   help="QKV (attention) and gate/up (MLP) scheme")
     p.add_argument("--max-batch", type=positive_int, default=8,
                    help="batch bucket (default 8)")
     p.add_argument("--passes", metavar="PIPELINE", help="pipeline string (overrides the above)")
@@ -44,6 +45,7 @@ def setup(p):
 
 
 def compile_main(args) -> int:
+    """Run ``fusionc compile`` (see the command's help); returns the exit status."""
     from fusionc.codegen.compile import compile_kernel
     from fusionc.commands.ir import load, parse_sizes
     from fusionc.ir import Module, print_module

@@ -41,6 +41,7 @@ def setup(p):
 
 
 def run_main(args) -> int:
+    """Run ``fusionc run`` (see the command's help); returns 0 when every graph passes."""
     from fusionc.commands.ir import load, parse_sizes
     from fusionc.errors import DSLError
     sizes = parse_sizes(args.sizes)

@@ -45,6 +45,9 @@ def _head_chain(df: Dataflow, v: Value, at: Op):
 
 
 def match_attention(df: Dataflow, att: Op) -> AttentionStage:
+    """The AttentionStage around ``att`` (a decode_attention op); LoweringError when the dataflow
+    around it is not an attention block fusionc can fuse.
+    """
     q, kc, vc, lens = att.operands
     heads, head_dim = q.type.shape[1], q.type.shape[2]
     kv_heads = kc.type.shape[2]
@@ -87,6 +90,8 @@ def match_attention(df: Dataflow, att: Op) -> AttentionStage:
 
 
 def match_mlp(df: Dataflow, act: Op) -> MLPStage:
+    """The MLPStage around ``act`` (a silu_mul op); LoweringError when it is not a SwiGLU MLP block.
+    """
     gate, up = act.operands
     grows, hg, gops = projection(df, gate, act)
     urows, hu, uops = projection(df, up, act)

@@ -42,6 +42,8 @@ class Fuse(Pass):
         return Module(tuple(kernels[n] for n in kernels if n in used) + tuple(hosts))
 
     def fuse_graph(self, g: Graph, kernels: dict[str, Graph]) -> Graph:
+        """``g`` with consecutive mergeable launches merged (the merged kernels join ``kernels``).
+        """
         body: list[Op] = []
         for op in g.body:
             prev = body[-1] if body else None

@@ -111,6 +111,9 @@ class PartitionCluster(Pass):
         return min(options, key=lambda t: t[0])[1]
 
     def configs(self, st):
+        """Candidate configurations of a stage: (cluster size, scheme) for attention, (cluster size,
+        grid, scheme) for MLP.
+        """
         sizes = SIZES if self.size == 0 else (self.size,)
         if isinstance(st, AttentionStage):
             schemes = ("splitk", "splitn") if self.scheme == "auto" else (self.scheme,)
@@ -126,6 +129,9 @@ class PartitionCluster(Pass):
         return splitn + splitk
 
     def lower(self, st, name, size, *extra) -> Graph:
+        """The tile-IR kernel of ``st`` for one configuration (LoweringError if sizes do not
+        divide).
+        """
         if isinstance(st, AttentionStage):
             return lower_attention(st, name, size, *extra, self.max_batch)
         grid, scheme = extra

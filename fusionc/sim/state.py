@@ -76,6 +76,9 @@ class GlobalMemory:
         self.reductions: dict[str, list] = {}
 
     def read(self, name: str, index: tuple, cta: CTA, op: Op) -> np.ndarray:
+        """Elements ``index`` of parameter ``name`` as seen by ``cta``; SimulationError if another
+        CTA of this launch wrote them.
+        """
         w = self.writer[name][index]
         if np.any((w >= 0) & (w != cta.gid)):
             other = int(w[(w >= 0) & (w != cta.gid)].flat[0])
@@ -87,6 +90,9 @@ class GlobalMemory:
 
     def write(self, name: str, index: tuple, value: np.ndarray, cta: CTA, op: Op,
               dtype: DType) -> None:
+        """Store ``value`` (rounded to ``dtype``) at ``index`` of ``name``; SimulationError if
+        another CTA wrote the same elements.
+        """
         w = self.writer[name][index]
         if np.any((w >= 0) & (w != cta.gid)):
             other = int(w[(w >= 0) & (w != cta.gid)].flat[0])
@@ -98,6 +104,9 @@ class GlobalMemory:
 
     def add_reduction(self, name: str, index: tuple, value: np.ndarray, cta: CTA,
                       init: np.ndarray | None = None) -> None:
+        """Record a grid_reduce contribution of ``cta`` (and its init), applied by
+        finish_reductions.
+        """
         self.reductions.setdefault(name, []).append(
             (cta.gid, index, value.astype(np.float32),
              None if init is None else np.asarray(init, np.float32)))

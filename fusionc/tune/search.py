@@ -20,6 +20,7 @@ class Choice:
     gemv_unroll: int
 
     def compile_kwargs(self) -> dict:
+        """Keyword arguments of fusionc.compile that realize this choice."""
         from fusionc.codegen import CodegenOptions
         return dict(cluster=self.cluster, scheme=self.scheme,
                     codegen=CodegenOptions(gemv_unroll=self.gemv_unroll))

@@ -20,6 +20,7 @@ DEFAULT_GPU = "NVIDIA H200"  # the target when no GPU is present (compiling on a
 
 
 def store_path() -> pathlib.Path:
+    """The autotuning store file, beside the cubin cache."""
     from fusionc.runtime.cache import cache_dir
     return pathlib.Path(cache_dir() or (pathlib.Path.home() / ".cache" / "fusionc")) / \
         "autotune.json"
