@@ -15,28 +15,21 @@ from __future__ import annotations
 from fusionc.codegen import cnames, tiles
 from fusionc.codegen.emitters import emitter
 from fusionc.errors import CompileError
-from fusionc.ir.ops.tile_collective import default_masks
+from fusionc.ir.ops.tile_collective import butterfly, default_masks
 
 
 def butterfly_expr(size: int, masks, combine: str, leaf) -> str:
-    """The C expression that the butterfly over ``masks`` leaves on every rank.
-
-    ``leaf(r)`` is rank r's value. Raises CompileError when the schedule does not combine
-    every rank exactly once (each rank's contribution count is tracked, as the simulator does).
-    """
-    masks = tuple(masks) or default_masks(size)
-    vals = [leaf(r) for r in range(size)]
-    count = [[int(r == q) for q in range(size)] for r in range(size)]
-    for m in masks:
-        if not 0 < m < size:
-            raise CompileError(f"mask {m} names no partner in a cluster of {size}",
-                               op="cluster_reduce", valid=f"masks in 1..{size - 1}")
-        vals = [f"{combine}({vals[min(r, r ^ m)]}, {vals[max(r, r ^ m)]})" for r in range(size)]
-        count = [[a + b for a, b in zip(count[r], count[r ^ m])] for r in range(size)]
-    if any(c != [1] * size for c in count) or len(set(vals)) != 1:
-        raise CompileError(f"masks {list(masks)} do not combine every rank once",
-                           op="cluster_reduce",
-                           valid=f"a permutation of {list(default_masks(size))}")
+    """The C expression the butterfly over ``masks`` leaves on every rank (``leaf(r)`` is rank
+    r's value), from the simulator's own :func:`~fusionc.ir.ops.tile_collective.butterfly`, so
+    both add in the same order. Raises CompileError for a schedule that misses or repeats a
+    rank."""
+    try:
+        vals = butterfly([leaf(r) for r in range(size)], masks,
+                         lambda a, b: f"{combine}({a}, {b})")
+    except ValueError as e:
+        raise CompileError(str(e), op="cluster_reduce",
+                           valid=f"a permutation of {list(default_masks(size))}") from None
+    assert len(set(vals)) == 1, "butterfly must leave one expression on every rank"
     return vals[0]
 
 

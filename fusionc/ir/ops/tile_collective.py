@@ -58,31 +58,35 @@ def default_masks(size: int) -> tuple[int, ...]:
     return tuple(1 << i for i in range(size.bit_length() - 1))
 
 
-def _reduce_values(op, vals: list[np.ndarray]) -> list[np.ndarray]:
+def butterfly(vals: list, masks, combine) -> list:
+    """Recursive doubling over xor ``masks`` (``[]``: the pairwise tree): at each step rank r
+    combines with rank r ^ mask, lower rank on the left, ``combine(a, b)``. Returns every rank's
+    final value. The one definition of the order: the simulator runs it on arrays, codegen on C
+    expressions. Raises ValueError when a mask names no partner or the schedule leaves a rank
+    without every contribution exactly once."""
     size = len(vals)
-    masks = op.attr("masks") or default_masks(size)
-    fn = np.add if op.attr("op") == "sum" else np.maximum
-    prov = [np.eye(size, dtype=np.int64)[r] for r in range(size)]
+    masks = tuple(masks) or default_masks(size)
+    count = [[int(r == q) for q in range(size)] for r in range(size)]
     for m in masks:
         if not 0 < m < size:
-            raise SimulationError(
-                f"mask {m} names no partner in a cluster of {size}",
-                op=op.name,
-                loc=op.loc,
-                valid=f"masks in 1..{size - 1}",
-            )
-        vals = [fn(vals[min(r, r ^ m)], vals[max(r, r ^ m)]) for r in range(size)]
-        prov = [prov[r] + prov[r ^ m] for r in range(size)]
-    for r, p in enumerate(prov):
-        if not np.all(p == 1):
-            raise SimulationError(
-                f"wrong reduction partners: masks {list(masks)} leave CTA {r} with contributions "
-                f"{p.tolist()} (each rank must count once)",
-                op=op.name,
-                loc=op.loc,
-                valid=f"each of {list(default_masks(size))} once, in any order",
-            )
+            raise ValueError(f"mask {m} names no partner in a cluster of {size}")
+        vals = [combine(vals[min(r, r ^ m)], vals[max(r, r ^ m)]) for r in range(size)]
+        count = [[a + b for a, b in zip(count[r], count[r ^ m])] for r in range(size)]
+    for r, c in enumerate(count):
+        if c != [1] * size:
+            raise ValueError(f"wrong reduction partners: masks {list(masks)} leave CTA {r} "
+                             f"with contributions {c} (each rank must count once)")
     return vals
+
+
+def _reduce_values(op, vals: list[np.ndarray]) -> list[np.ndarray]:
+    fn = np.add if op.attr("op") == "sum" else np.maximum
+    try:
+        return butterfly(vals, op.attr("masks"), fn)
+    except ValueError as e:
+        raise SimulationError(str(e), op=op.name, loc=op.loc,
+                              valid=f"each of {list(default_masks(len(vals)))} once, in any "
+                                    "order") from None
 
 
 def _sim_reduce(op, ctas):
