@@ -90,3 +90,32 @@ class TensorType:
 def tensor(dtype: DType | str, *shape: Dim) -> TensorType:
     """Shorthand: ``tensor("f16", "B", 4096)``."""
     return TensorType(DType(dtype) if isinstance(dtype, str) else dtype, tuple(shape))
+
+
+def bind_shapes(params, shapes: dict, where: str | None = None,
+                env: dict[str, int] | None = None) -> dict[str, int]:
+    """Bind symbolic dims from concrete shapes: ``{symbol: size}``.
+
+    Args:
+        params: the Values (name and TensorType) to bind.
+        shapes: parameter name -> concrete shape (any sequence of ints).
+        where: the graph or kernel named in errors.
+        env: sizes already bound (kept, and checked against).
+    Raises:
+        InputError: a missing parameter, a rank or a static size that differs, or one symbol
+            bound to two sizes.
+    """
+    from fusionc.errors import InputError
+    env = dict(env or {})
+    for p in params:
+        if p.name not in shapes:
+            raise InputError(f"missing argument %{p.name}", op=where,
+                             valid="every parameter: " + ", ".join(q.name for q in params))
+        shape = tuple(int(n) for n in shapes[p.name])
+        ok = len(shape) == p.type.rank
+        for d, n in zip(p.type.shape, shape):
+            ok = ok and (env.setdefault(d, n) == n if isinstance(d, str) else d == n)
+        if not ok:
+            raise InputError(f"argument %{p.name} has shape {list(shape)}", op=where,
+                             valid=f"{p.type}" + (f" with {env}" if env else ""))
+    return env

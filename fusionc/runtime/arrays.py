@@ -73,16 +73,8 @@ def _layout(contiguous: bool, ptr: int, p: Value, where: str) -> None:
 
 def bind(params, cupy_args: dict, where: str) -> dict[str, int]:
     """Symbolic dims from the argument shapes; InputError on a mismatch."""
-    env: dict[str, int] = {}
-    for p in params:
-        shape = tuple(cupy_args[p.name].shape)
-        ok = len(shape) == p.type.rank
-        for d, n in zip(p.type.shape, shape):
-            ok = ok and (env.setdefault(d, n) == n if isinstance(d, str) else d == n)
-        if not ok:
-            raise InputError(f"argument '{p.name}' has shape {list(shape)}", op=where,
-                             valid=f"{p.type}" + (f" with {env}" if env else ""))
-    return env
+    from fusionc.ir.types import bind_shapes
+    return bind_shapes(params, {p.name: cupy_args[p.name].shape for p in params}, where)
 
 
 def empty_like_inputs(v: Value, env: dict[str, int], torch_mode: bool):

@@ -5,8 +5,8 @@ import numpy as np
 
 from fusionc.codegen.compile import CompiledKernel, compile_kernel
 from fusionc.codegen.context import CodegenOptions
-from fusionc.errors import InputError
 from fusionc.ir.nodes import Graph
+from fusionc.ir.types import bind_shapes
 from fusionc.runtime.launch import LoadedKernel
 from fusionc.runtime.transfer import download, nan_bits, upload
 
@@ -34,18 +34,7 @@ def pure_outputs(kernel: Graph) -> list[str]:
 
 def bind_dims(kernel: Graph, args: dict) -> dict[str, int]:
     """Symbolic dims from argument shapes; InputError on a missing or ill-shaped argument."""
-    env: dict[str, int] = {}
-    for p in kernel.params:
-        if p.name not in args:
-            raise InputError(f"missing argument %{p.name}", op=kernel.name)
-        shape = np.shape(args[p.name])
-        ok = len(shape) == p.type.rank
-        for d, n in zip(p.type.shape, shape):
-            ok = ok and (env.setdefault(d, n) == n if isinstance(d, str) else d == n)
-        if not ok:
-            raise InputError(f"%{p.name} has shape {shape}, expected {p.type} with {env}",
-                             op=kernel.name)
-    return env
+    return bind_shapes(kernel.params, {k: np.shape(v) for k, v in args.items()}, kernel.name)
 
 
 def run_kernel(kernel: Graph, args: dict[str, np.ndarray],

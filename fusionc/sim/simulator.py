@@ -13,11 +13,12 @@ from typing import Iterator
 
 import numpy as np
 
-from fusionc.errors import InputError, SimulationError
+from fusionc.errors import SimulationError
 from fusionc.interp.interpreter import Context, _store, bind_inputs
 from fusionc.interp.numerics import round_to
 from fusionc.ir.nodes import Graph, Module, Op
 from fusionc.ir.registry import lookup
+from fusionc.ir.types import bind_shapes
 from fusionc.sim.state import CTA, CTAExit, GlobalMemory
 
 
@@ -33,7 +34,8 @@ def simulate_kernel(kernel: Graph, args: dict[str, np.ndarray],
         InputError: missing argument or wrong shape.
         SimulationError: the program breaks the execution model (see module docstring).
     """
-    env = _bind(kernel, args, dict(env or {}))
+    env = bind_shapes(kernel.params, {k: np.shape(v) for k, v in args.items()}, kernel.name,
+                      env)
     memory = GlobalMemory({p.name: np.array(round_to(np.asarray(args[p.name]), p.type.dtype))
                            for p in kernel.params})
     grid, size = kernel.attr("grid"), kernel.attr("cluster")
@@ -41,23 +43,6 @@ def simulate_kernel(kernel: Graph, args: dict[str, np.ndarray],
         _run_cluster(kernel, cid, size, env, memory)
     memory.finish_reductions({p.name: p.type.dtype for p in kernel.params})
     return {v.name: memory.arrays[v.name] for v in kernel.outputs}
-
-
-def _bind(kernel: Graph, args: dict, env: dict) -> dict:
-    for p in kernel.params:
-        if p.name not in args:
-            raise InputError(f"missing argument %{p.name}", op=kernel.name,
-                             valid="every parameter: " + ", ".join(q.name for q in kernel.params))
-        shape = np.shape(args[p.name])
-        if len(shape) != p.type.rank:
-            raise InputError(f"%{p.name} has shape {shape}, expected {p.type}", op=kernel.name)
-        for d, n in zip(p.type.shape, shape):
-            if isinstance(d, str):
-                d = env.setdefault(d, n)
-            if d != n:
-                raise InputError(f"%{p.name} has shape {shape}, expected {p.type} with "
-                                 f"{env}", op=kernel.name)
-    return env
 
 
 def _run_cluster(kernel: Graph, cid: int, size: int, env: dict, memory: GlobalMemory) -> None:
