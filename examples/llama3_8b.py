@@ -3,16 +3,16 @@
 Sizes (Llama Team 2024, "The Llama 3 Herd of Models", Table 3; Hugging Face
 meta-llama/Meta-Llama-3-8B): hidden 4096, 32 query heads and 8 KV heads × 128 (GQA groups of
 4: query head h reads KV head h // 4), intermediate 14336, RMSNorm eps 1e-5, RoPE theta 500000
-(NeoX layout), bf16. Llama 3.1's long-context RoPE frequency scaling is not modelled.
+(NeoX layout), bf16. Llama 3.1's long-context RoPE frequency scaling is the ``rope_scaling``
+argument of ``attention_block`` (``fusionc generate`` reads it from config.json).
 
 The block structure is Llama 2's (``llama2_7b.py``); only the sizes differ.
 
     fusionc ir examples/llama3_8b.py
 """
-from llama2_7b import attention_block, mlp_block
-
 import fusionc as fc
 from fusionc.ir import Module
+from fusionc.models.blocks import attention_block, mlp_block
 
 
 def build(hidden: int = 4096, heads: int = 32, kv_heads: int = 8, head_dim: int = 128,

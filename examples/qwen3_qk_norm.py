@@ -11,41 +11,9 @@ This graph is not Llama's: it must compile without a model-specific template.
 
     fusionc ir examples/qwen3_qk_norm.py
 """
-import math
-
-from llama2_7b import mlp_block
-
 import fusionc as fc
 from fusionc.ir import Module
-
-
-def attention_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int, max_seq: int,
-                    eps: float, theta: float, dtype: str) -> Module:
-    """Graph ``@attention``: Llama's attention block with rms_norm on each q and k head."""
-    T = fc.dtype(dtype)
-    q_size, kv_size = heads * head_dim, kv_heads * head_dim
-    cache = T["B", max_seq, kv_heads, head_dim]
-
-    @fc.graph
-    def attention(x: T["B", hidden], attn_norm: T[hidden],
-                  w_qkv: T[q_size + 2 * kv_size, hidden], q_norm: T[head_dim],
-                  k_norm: T[head_dim], w_o: T[hidden, q_size], k_cache: cache, v_cache: cache,
-                  positions: fc.i32["B"], seq_lens: fc.i32["B"]):
-        h = fc.rms_norm(x, attn_norm, eps, name="h")
-        q, k, v = fc.split(fc.linear(h, w_qkv, name="qkv"), [q_size, kv_size, kv_size],
-                           name=("q", "k", "v"))
-        q, k = fc.split_heads(q, heads, name="q_heads"), fc.split_heads(k, kv_heads, name="k_heads")
-        q = fc.rms_norm(q, q_norm, eps, name="q_normed")   # QK-norm: per head, over head_dim
-        k = fc.rms_norm(k, k_norm, eps, name="k_normed")
-        q = fc.rope(q, positions, theta, name="q_rot")
-        k = fc.rope(k, positions, theta, name="k_rot")
-        v = fc.split_heads(v, kv_heads, name="v_heads")
-        k_cache, v_cache = fc.kv_cache_append(k_cache, v_cache, k, v, positions)
-        o = fc.decode_attention(q, k_cache, v_cache, seq_lens, 1 / math.sqrt(head_dim), name="o")
-        out = x + fc.linear(fc.merge_heads(o, name="o_flat"), w_o, name="o_proj")
-        return out, k_cache, v_cache
-
-    return attention
+from fusionc.models.blocks import attention_block, mlp_block
 
 
 def build(hidden: int = 2560, heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
@@ -54,7 +22,7 @@ def build(hidden: int = 2560, heads: int = 32, kv_heads: int = 8, head_dim: int 
     """The module with graphs ``@attention`` (QK-norm, GQA) and ``@mlp`` of a Qwen3 4B layer."""
     return fc.module(
         attention_block(hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                        max_seq=max_seq, eps=eps, theta=theta, dtype=dtype),
+                        max_seq=max_seq, eps=eps, theta=theta, dtype=dtype, qk_norm=True),
         mlp_block(hidden=hidden, intermediate=intermediate, eps=eps, dtype=dtype))
 
 

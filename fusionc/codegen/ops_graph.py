@@ -9,6 +9,7 @@ import numpy as np
 from fusionc.codegen import cnames
 from fusionc.codegen.emitters import emitter
 from fusionc.errors import CompileError
+from fusionc.ir.ops.rope import inv_freq
 
 _ELEMENTWISE = {
     "add": ("a + b", "a + b"),
@@ -44,12 +45,6 @@ def emit_rms_norm(op, ctx) -> str:
                       out=out.ptr, ot=out.ctype, eps=cnames.f32_literal(op.attr("eps")))
 
 
-def inv_freq(theta: float, rotary_dim: int) -> list[float]:
-    """theta^(-2i/rotary_dim) in float64, rounded to fp32 (as the interpreter)."""
-    i = np.arange(rotary_dim // 2)
-    return [float(v) for v in (theta ** (-2.0 * i / rotary_dim)).astype(np.float32)]
-
-
 @emitter("rope")
 def emit_rope(op, ctx) -> str:
     """CUDA of rope on a tile: neox or gptj pairing, angles in fp32, dims past rotary_dim copied."""
@@ -57,7 +52,8 @@ def emit_rope(op, ctx) -> str:
     out = ctx.ref(op.result)
     r = op.attr("rotary_dim")
     table = ctx.uid("fc_inv_freq")
-    vals = ", ".join(cnames.f32_literal(v) for v in inv_freq(op.attr("theta"), r))
+    freq = inv_freq(op.attr("theta"), r, op.attr("scaling")).astype(np.float32)  # as interp
+    vals = ", ".join(cnames.f32_literal(float(v)) for v in freq)
     ctx.decls.append(f"__device__ const float {table}[{r // 2}] = {{{vals}}};  // rope at {op.loc}")
     return ctx.render("ops/rope.cu.j2", style=op.attr("style"), R=r, D=x.shape[2],
                       heads=cnames.dim(x.shape[1]), n=out.numel, x=x.ptr, xt=x.ctype,

@@ -16,7 +16,7 @@ from fusionc.errors import DSLError
 
 
 def rope(x: Tracer, positions: Tracer, theta: float, style: str = "neox",
-         rotary_dim: int | None = None, *, name: str | None = None) -> Tracer:
+         rotary_dim: int | None = None, scaling=(), *, name: str | None = None) -> Tracer:
     """Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34).
 
     For pair i < rotary_dim/2 at position p: θ_i = theta^(−2i/rotary_dim), a = p·θ_i (fp32),
@@ -31,13 +31,16 @@ def rope(x: Tracer, positions: Tracer, theta: float, style: str = "neox",
         theta: frequency base (Llama 2: 10000, Llama 3: 500000, Qwen3: 1000000).
         style: ``"neox"`` or ``"gptj"``.
         rotary_dim: even, <= head_dim; None means head_dim.
+        scaling: ``[factor, low_freq_factor, high_freq_factor, original_max_position]`` for
+            Llama 3.1's frequency scaling (``fusionc.ir.ops.rope``), or empty for none.
     Returns:
         ``[B, heads, head_dim]``, dtype of x.
     """
     if rotary_dim is None:
         rotary_dim = x.shape[-1] if isinstance(x, Tracer) and x.ndim else None
     return emit("rope", (x, positions),
-                {"theta": theta, "style": style, "rotary_dim": rotary_dim}, name)[0]
+                {"theta": theta, "style": style, "rotary_dim": rotary_dim,
+                 "scaling": tuple(scaling)}, name)[0]
 
 
 def kv_cache_append(k_cache: Tracer, v_cache: Tracer, k: Tracer, v: Tracer,

@@ -127,9 +127,8 @@ def _heads(b: KernelBuilder, st: AttentionStage, qkv, pos):
             else:
                 k = b.op("rms_norm", k, w, eps=norm.eps, hint="kn", loc=norm.loc)
     if st.rope is not None:
-        theta, style, rdim = st.rope
-        q = b.op("rope", q, pos, theta=theta, style=style, rotary_dim=rdim, hint="qr")
-        k = b.op("rope", k, pos, theta=theta, style=style, rotary_dim=rdim, hint="kr")
+        q = b.op("rope", q, pos, **dict(st.rope), hint="qr")
+        k = b.op("rope", k, pos, **dict(st.rope), hint="kr")
     return q, b.op("reshape", k, shape=[B, D], hint="k2"), v
 
 

@@ -51,7 +51,7 @@ class AttentionStage:
     head_dim: int
     q_norm: Norm | None
     k_norm: Norm | None
-    rope: tuple | None  # (theta, style, rotary_dim)
+    rope: tuple | None  # the attributes of q's rope op ((name, value) pairs)
     positions: Value | None
     k_cache: Value
     v_cache: Value

@@ -39,8 +39,7 @@ def _head_chain(df: Dataflow, v: Value, at: Op):
                             loc=at.loc, valid="reshape(linear(...)) to [B, heads, head_dim]")
     ops.append(rs)
     rows, h, pops = projection(df, rs.operands[0], rs)
-    rope_key = None if rope is None else (rope.attr("theta"), rope.attr("style"),
-                                          rope.attr("rotary_dim"))
+    rope_key = None if rope is None else rope.attrs
     return rows, h, norm, rope_key, (positions if rope is not None else None), ops + pops
 
 

@@ -42,7 +42,8 @@ def test_structure_names_and_types():
     assert [r.name for r in g.body[1].results] == ["q", "k", "v"]
     assert [r.name for r in g.body[2].results] == ["0"]
     assert str(g.body[3].results[0].type) == "f16[B, 2, 8]"
-    assert g.body[3].attr_dict == {"theta": 10000.0, "style": "neox", "rotary_dim": 4}
+    assert g.body[3].attr_dict == {"theta": 10000.0, "style": "neox", "rotary_dim": 4,
+                                   "scaling": ()}
     assert [str(o.type) for o in g.outputs] == ["f16[B, 16]", "f16[B, 16]", "f16[B, 2, 8]"]
 
 

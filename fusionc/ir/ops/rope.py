@@ -10,6 +10,13 @@ GPT-NeoX and Hugging Face Llama) or (x[2i], x[2i+1]) for style ``gptj`` (interle
 and the original paper). Dimensions from rotary_dim to head_dim pass through unchanged.
 Source: Su et al. 2021, "RoFormer", eq. 34. The float64 reference (``precise``) computes
 θ_i and the angle in float64.
+
+``scaling = [factor, low_freq_factor, high_freq_factor, original_max_position]`` rescales the
+frequencies as Llama 3.1 does (Meta's ``apply_scaling`` in llama-models; Hugging Face
+``rope_type = "llama3"``): with wavelength λ_i = 2π/θ_i, L = original_max_position,
+λ_i < L/high_freq_factor keeps θ_i; λ_i > L/low_freq_factor gives θ_i/factor; in between,
+s = (L/λ_i − low_freq_factor)/(high_freq_factor − low_freq_factor) and
+θ_i' = (1 − s)·θ_i/factor + s·θ_i. The empty list (the default, not printed) means no scaling.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from fusionc.ir.ops.common import io_cost, numel
 from fusionc.ir.registry import (
     GRAPH_AND_KERNEL,
     FLOAT,
+    FLOATS,
     FLOAT_DTYPES_TEXT,
     POS_INT,
     OpDef,
@@ -48,7 +56,24 @@ def _infer(op):
         )
     if not 0 < op.attr("theta") < math.inf:
         fail(op, f"theta = {op.attr('theta')}", "a finite theta > 0")
+    sc = op.attr("scaling")
+    if sc and (len(sc) != 4 or not all(0 < v < math.inf for v in sc) or sc[1] >= sc[2]):
+        fail(op, f"scaling = {list(sc)}", "[] or [factor, low_freq_factor, high_freq_factor, "
+             "original_max_position], all > 0, low_freq_factor < high_freq_factor")
     return (x,)
+
+
+def inv_freq(theta: float, rotary_dim: int, scaling=()) -> np.ndarray:
+    """θ_i = theta^(−2i/rotary_dim) for i < rotary_dim/2, float64, with Llama 3.1 frequency
+    scaling when ``scaling`` is ``[factor, low_freq_factor, high_freq_factor, original_max]``
+    (module docstring)."""
+    freq = theta ** (-2.0 * np.arange(rotary_dim // 2) / rotary_dim)
+    if not scaling:
+        return freq
+    factor, low, high, old_len = scaling
+    wavelen = 2 * math.pi / freq
+    smooth = np.clip((old_len / wavelen - low) / (high - low), 0.0, 1.0)
+    return (1 - smooth) * freq / factor + smooth * freq
 
 
 def pair_slices(style: str, rotary_dim: int) -> tuple[slice, slice]:
@@ -59,10 +84,10 @@ def pair_slices(style: str, rotary_dim: int) -> tuple[slice, slice]:
 
 
 def _run(op, args, ctx):
-    r, theta = op.attr("rotary_dim"), op.attr("theta")
+    r = op.attr("rotary_dim")
     x, pos = args[0].astype(ctx.acc), args[1]
-    inv_freq = (theta ** (-2.0 * np.arange(r // 2) / r)).astype(ctx.acc)  # [r/2]
-    angle = pos.astype(ctx.acc)[:, None] * inv_freq[None, :]  # [B, r/2]
+    freq = inv_freq(op.attr("theta"), r, op.attr("scaling")).astype(ctx.acc)  # [r/2]
+    angle = pos.astype(ctx.acc)[:, None] * freq[None, :]  # [B, r/2]
     cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]  # [B, 1, r/2]
     i1, i2 = pair_slices(op.attr("style"), r)
     x1, x2 = x[..., i1], x[..., i2]
@@ -81,6 +106,8 @@ register(
             attr("theta", FLOAT, doc="frequency base, e.g. 10000 or 500000"),
             attr("style", enum("neox", "gptj"), "neox", doc="pairing of dimensions"),
             attr("rotary_dim", POS_INT, doc="dims rotated, from the first"),
+            attr("scaling", FLOATS, (), doc="Llama 3.1 frequency scaling [factor, "
+                 "low_freq_factor, high_freq_factor, original_max_position]; [] = none"),
         ),
         _infer,
         interpret=_run,

@@ -10,7 +10,7 @@
 //     %buf = smem_alloc() : f32[1, 4, 33]
 //     smem_store(%buf, %p)
 //     cluster_barrier()
-//     %r = cluster_reduce(%buf) {op = sum, masks = []} : f32[1, 4, 33]
+//     %r = cluster_reduce(%buf) {op = sum} : f32[1, 4, 33]
 //     cluster_barrier()
 //     store(%y, %r) {offsets = ["4*cluster + rank", "0", "0"], masked = false}
 //     return %y
@@ -213,7 +213,7 @@ fusionc_coll(
   fc_cluster_sync();
 
   // ===== stage 2: cluster_reduce, cluster barrier =====
-  // [op 4, ir 7:8] %r = cluster_reduce(%buf) {op = sum, masks = []} : f32[1, 4, 33]
+  // [op 4, ir 7:8] %r = cluster_reduce(%buf) {op = sum} : f32[1, 4, 33]
   {
     const unsigned fc_base = fc_smem_addr(v_buf);
     const unsigned fc_peer0 = fc_mapa(fc_base, 0u);

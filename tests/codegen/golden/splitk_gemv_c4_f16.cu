@@ -11,7 +11,7 @@
 //     %buf = smem_alloc() : f32[B, 16]
 //     smem_store(%buf, %p)
 //     cluster_barrier()
-//     %s = cluster_reduce(%buf) {op = sum, masks = []} : f32[B, 16]
+//     %s = cluster_reduce(%buf) {op = sum} : f32[B, 16]
 //     cluster_barrier()
 //     when() {on = rank, lo = 0, hi = 1} ({
 //       store(%y, %s) {offsets = ["0", "16*cluster"], masked = false}
@@ -315,7 +315,7 @@ fusionc_gemv(
   fc_cluster_sync();
 
   // ===== stage 2: cluster_reduce, cluster barrier =====
-  // [op 5, ir 7:8] %s = cluster_reduce(%buf) {op = sum, masks = []} : f32[B, 16]
+  // [op 5, ir 7:8] %s = cluster_reduce(%buf) {op = sum} : f32[B, 16]
   {
     const unsigned fc_base = fc_smem_addr(v_buf);
     const unsigned fc_peer0 = fc_mapa(fc_base, 0u);

@@ -1,0 +1,101 @@
+"""The decoder blocks of Llama-family models in the fusionc DSL: one attention block and one MLP
+block per layer, decode step (one new token per sequence).
+
+``B`` is the symbolic batch. Runtime inputs besides the weights: ``positions[b]`` (where the new
+token's K and V go in the cache, and its RoPE position) and ``seq_lens[b]`` (tokens attended
+over, usually positions[b] + 1). KV cache layout ``[B, max_seq, kv_heads, head_dim]``.
+
+Llama 2/3: Touvron et al. 2023, "Llama 2"; Llama Team 2024, "The Llama 3 Herd of Models".
+Qwen3 (``qk_norm``): Qwen Team 2025, "Qwen3 Technical Report", §2 — an RMSNorm over head_dim on
+every query and key head (one weight vector shared by the heads) before RoPE. RoPE uses the NeoX
+(half split) layout of the Hugging Face weights.
+"""
+
+import math  # no `from __future__ import annotations`: the DSL evaluates the annotations
+
+import fusionc as fc
+from fusionc.ir import Graph
+
+
+def attention_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int, max_seq: int,
+                    eps: float, theta: float, dtype: str, qk_norm: bool = False,
+                    rope_scaling=()) -> Graph:
+    """Graph ``@attention``: x + o_proj(attention(rope(qkv_proj(rms_norm(x))))).
+
+    Weights: fused QKV ``[(heads + 2·kv_heads)·head_dim, hidden]`` (q rows, then k, then v),
+    output projection ``[hidden, heads·head_dim]``; with ``qk_norm`` also ``q_norm`` and
+    ``k_norm`` ``[head_dim]``. ``rope_scaling``: Llama 3.1's frequency scaling
+    (``fusionc.ir.ops.rope``). Returns the new hidden state and the updated KV caches.
+    """
+    T = fc.dtype(dtype)
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    cache = T["B", max_seq, kv_heads, head_dim]
+
+    def heads_of(x, w_qkv, norms, positions):
+        h = fc.rms_norm(x, norms[0], eps, name="h")
+        qkv = fc.linear(h, w_qkv, name="qkv")
+        q, k, v = fc.split(qkv, [q_size, kv_size, kv_size], name=("q", "k", "v"))
+        q, k = fc.split_heads(q, heads, name="q_heads"), fc.split_heads(k, kv_heads, name="k_heads")
+        if qk_norm:  # QK-norm: per head, over head_dim
+            q = fc.rms_norm(q, norms[1], eps, name="q_normed")
+            k = fc.rms_norm(k, norms[2], eps, name="k_normed")
+        q = fc.rope(q, positions, theta, scaling=rope_scaling, name="q_rot")
+        k = fc.rope(k, positions, theta, scaling=rope_scaling, name="k_rot")
+        return q, k, fc.split_heads(v, kv_heads, name="v_heads")
+
+    def attend(x, q, k, v, w_o, k_cache, v_cache, positions, seq_lens):
+        k_cache, v_cache = fc.kv_cache_append(k_cache, v_cache, k, v, positions)
+        o = fc.decode_attention(q, k_cache, v_cache, seq_lens, 1 / math.sqrt(head_dim), name="o")
+        out = x + fc.linear(fc.merge_heads(o, name="o_flat"), w_o, name="o_proj")
+        return out, k_cache, v_cache
+
+    if qk_norm:
+        @fc.graph
+        def attention(x: T["B", hidden], attn_norm: T[hidden],
+                      w_qkv: T[q_size + 2 * kv_size, hidden], q_norm: T[head_dim],
+                      k_norm: T[head_dim], w_o: T[hidden, q_size], k_cache: cache,
+                      v_cache: cache, positions: fc.i32["B"], seq_lens: fc.i32["B"]):
+            q, k, v = heads_of(x, w_qkv, (attn_norm, q_norm, k_norm), positions)
+            return attend(x, q, k, v, w_o, k_cache, v_cache, positions, seq_lens)
+    else:
+        @fc.graph
+        def attention(x: T["B", hidden], attn_norm: T[hidden],
+                      w_qkv: T[q_size + 2 * kv_size, hidden], w_o: T[hidden, q_size],
+                      k_cache: cache, v_cache: cache, positions: fc.i32["B"],
+                      seq_lens: fc.i32["B"]):
+            q, k, v = heads_of(x, w_qkv, (attn_norm,), positions)
+            return attend(x, q, k, v, w_o, k_cache, v_cache, positions, seq_lens)
+    return attention
+
+
+def mlp_block(*, hidden: int, intermediate: int, eps: float, dtype: str) -> Graph:
+    """Graph ``@mlp``: x + down(silu(gate(h)) · up(h)) with h = rms_norm(x) (SwiGLU MLP,
+    Shazeer 2020, "GLU Variants Improve Transformer").
+
+    Weights: fused gate/up ``[2·intermediate, hidden]`` (gate rows, then up rows), down
+    ``[hidden, intermediate]``.
+    """
+    T = fc.dtype(dtype)
+
+    @fc.graph
+    def mlp(x: T["B", hidden], mlp_norm: T[hidden], w_gate_up: T[2 * intermediate, hidden],
+            w_down: T[hidden, intermediate]):
+        h = fc.rms_norm(x, mlp_norm, eps, name="h")
+        gate_up = fc.linear(h, w_gate_up, name="gate_up")
+        gate, up = fc.split(gate_up, [intermediate, intermediate], name=("gate", "up"))
+        act = fc.silu_mul(gate, up, name="act")
+        return x + fc.linear(act, w_down, name="down")
+
+    return mlp
+
+
+def layer_module(cfg, max_seq: int, dtype: str | None = None):
+    """The module with graphs ``@attention`` and ``@mlp`` of one decoder layer of model config
+    ``cfg`` (:class:`fusionc.models.config.ModelConfig`); every layer shares these graphs."""
+    return fc.module(
+        attention_block(hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
+                        head_dim=cfg.head_dim, max_seq=max_seq, eps=cfg.eps, theta=cfg.theta,
+                        dtype=dtype or cfg.dtype, qk_norm=cfg.qk_norm,
+                        rope_scaling=cfg.rope_scaling),
+        mlp_block(hidden=cfg.hidden, intermediate=cfg.intermediate, eps=cfg.eps,
+                  dtype=dtype or cfg.dtype))
