@@ -1,0 +1,158 @@
+"""A whole decoder-only model on the GPU: every layer runs fusionc's fused attention and MLP
+kernels (compiled once, shared by all layers), and one decode step — embedding, all layers,
+final norm, LM head — is one CUDA graph, captured on the first step and replayed afterwards
+with new tokens, positions and KV lengths (run-time arguments; nothing recompiles).
+
+KV cache: contiguous per sequence, ``[batch, max_seq, kv_heads, head_dim]`` per layer for K and V.
+Prompt tokens run through the same decode step one at a time (no separate prefill).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fusionc.errors import InputError
+from fusionc.models.blocks import layer_module
+from fusionc.models.config import ModelConfig, load_config
+
+
+class Decoder:
+    """The decode step of model ``cfg`` for ``batch`` sequences of up to ``max_seq`` tokens.
+
+    Args:
+        cfg: sizes (:func:`fusionc.models.config.load_config`).
+        batch: sequences decoded together (the kernels' batch bucket).
+        max_seq: KV cache capacity in tokens (default: min(max_position_embeddings, 4096)).
+        kv_len: the KV length the cost model plans the kernels for (default max_seq / 2).
+        dtype: storage dtype f16 or bf16 (default the config's; f32 models run in f16).
+        autotune, progress: as in :func:`fusionc.compile` (progress: callable(str)).
+    Load weights with :meth:`load` (or build with :meth:`from_pretrained` / :meth:`random`),
+    then call :meth:`step`. Raises CompileError when a kernel cannot be built, InputError for
+    invalid sizes.
+    """
+
+    DTYPES = ("f16", "bf16")
+
+    def __init__(self, cfg: ModelConfig, *, batch: int = 1, max_seq: int | None = None,
+                 kv_len: int | None = None, dtype: str | None = None, autotune: bool = False,
+                 progress=None):
+        import fusionc
+        self._setup(cfg, batch, max_seq, dtype)
+        opts = dict(max_batch=batch, kv_len=kv_len or max(1, self.max_seq // 2),
+                    autotune=autotune, progress=progress)
+        self.attention = fusionc.compile(self.module, "attention", **opts)
+        self.mlp = fusionc.compile(self.module, "mlp", **opts)
+
+    def _setup(self, cfg: ModelConfig, batch: int, max_seq: int | None, dtype: str | None):
+        """Sizes and the layer graphs (``fusionc.models.blocks.layer_module``)."""
+        self.cfg, self.batch = cfg, batch
+        self.dtype = dtype or (cfg.dtype if cfg.dtype in self.DTYPES else "f16")
+        self.max_seq = max_seq or min(cfg.max_position, 4096)
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or \
+                not isinstance(self.max_seq, int) or self.max_seq < 1:
+            raise InputError(f"batch {batch!r}, max_seq {self.max_seq!r}",
+                             valid="positive integers")
+        if self.dtype not in self.DTYPES:
+            raise InputError(f"dtype {self.dtype!r}", valid=" or ".join(self.DTYPES))
+        self.module = layer_module(cfg, self.max_seq, self.dtype)
+        self.layers = []
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, *, progress=None, **kw) -> "Decoder":
+        """Config and weights from a Hugging Face folder (``config.json``, ``*.safetensors``)."""
+        from fusionc.models.weights import SafetensorsWeights, head_weights, layer_weights
+        cfg = load_config(model_dir)
+        src = SafetensorsWeights(model_dir)
+        dec = cls(cfg, progress=progress, **kw)
+        dec.load((layer_weights(src, cfg, i, dec.dtype) for i in range(cfg.layers)),
+                 head_weights(src, cfg, dec.dtype))
+        return dec
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, seed: int = 0, **kw) -> "Decoder":
+        """Random weights (generated on the GPU for :class:`Decoder`; benchmarks and tests)."""
+        from fusionc.models.weights import random_head, random_layer
+        dec = cls(cfg, **kw)
+        xp = dec.array_module()
+        dec.load((random_layer(cfg, i, dec.dtype, xp, seed) for i in range(cfg.layers)),
+                 random_head(cfg, dec.dtype, xp, seed))
+        return dec
+
+    @staticmethod
+    def array_module():
+        """The array module of this decoder's buffers (cupy)."""
+        import cupy
+        return cupy
+
+    def load(self, layers, head: dict) -> None:
+        """Upload per-layer weights (an iterable of dicts from
+        :func:`fusionc.models.weights.layer_weights`) and the embedding/head weights; allocate
+        the KV caches and step buffers."""
+        import cupy
+        from fusionc.models.head import Head
+        from fusionc.runtime.arrays import _CUPY
+        from fusionc.ir.types import DType
+        c, B, dt = self.cfg, self.batch, _CUPY[DType(self.dtype)]
+        cache = (B, self.max_seq, c.kv_heads, c.head_dim)
+        self.layers = []
+        for w in layers:
+            w = {k: cupy.asarray(v) for k, v in w.items()}
+            w["k_cache"], w["v_cache"] = cupy.zeros(cache, dt), cupy.zeros(cache, dt)
+            self.layers.append(w)
+        self.embed = cupy.asarray(head["embed"])
+        self.head = Head(cupy.asarray(head["final_norm"]), cupy.asarray(head["lm_head"]), c.eps,
+                         B, self.dtype)
+        self.tokens, self.positions, self.seq_lens = (cupy.zeros(B, cupy.int32) for _ in "tps")
+        self.x = [cupy.empty((B, c.hidden), dt) for _ in range(2)]  # ping-pong hidden states
+        self._graph, self.stream = None, cupy.cuda.Stream(non_blocking=True)
+
+    def step(self, tokens, positions):
+        """Run one decode step: token ``tokens[b]`` of sequence b sits at ``positions[b]`` and
+        attends over positions 0..positions[b]. Returns the fp32 logits ``[batch, vocab]`` (a
+        CuPy buffer overwritten by the next step). Raises InputError for tokens outside the
+        vocabulary or positions outside the KV cache."""
+        tokens, positions = self._check(tokens, positions)
+        self.tokens.set(tokens, stream=self.stream)
+        self.positions.set(positions, stream=self.stream)
+        self.seq_lens.set(positions + 1, stream=self.stream)
+        with self.stream:
+            if self._graph is None:
+                self._run()               # loads the kernels; nothing is allocated in a capture
+                self.stream.begin_capture()
+                self._run()
+                self._graph = self.stream.end_capture()
+                # the capture did not run: repeat this step's inputs and replay
+            self._graph.launch(self.stream)
+        return self.head.logits
+
+    def _run(self) -> None:
+        """Embedding, every layer's attention and MLP kernels, final norm and LM head."""
+        from fusionc.models.head import embed_into
+        a, b = self.x
+        embed_into(self.embed, self.tokens, b)
+        attn_out, mlp_out = self.attention.host.outputs[0].name, self.mlp.host.outputs[0].name
+        for w in self.layers:
+            self.attention(x=b, **_pick(w, self.attention.params, "x"),
+                           positions=self.positions, seq_lens=self.seq_lens,
+                           outputs={attn_out: a})
+            self.mlp(x=a, **_pick(w, self.mlp.params, "x"), outputs={mlp_out: b})
+        self.head(b)
+
+    def _check(self, tokens, positions):
+        t = np.asarray(tokens, np.int64).reshape(-1)
+        p = np.asarray(positions, np.int64).reshape(-1)
+        if t.shape != (self.batch,) or p.shape != (self.batch,):
+            raise InputError(f"{t.size} tokens and {p.size} positions",
+                             valid=f"{self.batch} of each (the decoder's batch)")
+        if t.min() < 0 or t.max() >= self.cfg.vocab:
+            raise InputError(f"token ids {t.tolist()}", valid=f"0 <= id < {self.cfg.vocab}")
+        if p.min() < 0 or p.max() >= self.max_seq:
+            raise InputError(f"positions {p.tolist()}",
+                             valid=f"0 <= position < max_seq = {self.max_seq}")
+        return t.astype(np.int32), p.astype(np.int32)
+
+
+def _pick(w: dict, names: list[str], *skip: str) -> dict:
+    """The graph's weight and cache arguments from a layer's dict."""
+    return {n: w[n] for n in names if n in w and n not in skip}

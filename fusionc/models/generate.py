@@ -1,0 +1,70 @@
+"""Token generation with a :class:`fusionc.models.decoder.Decoder`: the prompt runs through the
+decode step one token at a time, then each step's sampled token is fed back."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fusionc.errors import InputError
+from fusionc.models.sampling import Sampling, sample
+
+
+@dataclass
+class Generation:
+    """The result of :func:`generate`: ``tokens [batch, new]`` (int), wall-clock milliseconds of
+    the prompt steps and per generated token (decode step + sampling + host round trip)."""
+
+    tokens: np.ndarray
+    prompt_ms: float
+    ms_per_token: float
+    logits: list = field(default_factory=list, repr=False)
+
+
+def generate(decoder, prompt, max_new_tokens: int, sampling: Sampling = Sampling(), *,
+             keep_logits: bool = False) -> Generation:
+    """Generate ``max_new_tokens`` tokens after ``prompt`` for every sequence of the batch.
+
+    Args:
+        decoder: a Decoder (GPU) or HostDecoder (CPU), fresh or reused (the KV cache is
+            overwritten from position 0).
+        prompt: token ids ``[n]`` (the same prompt for every row) or ``[batch, n]``.
+        max_new_tokens: >= 1; prompt length + max_new_tokens - 1 <= the decoder's max_seq.
+        sampling: greedy by default.
+        keep_logits: also return each step's logits (host fp32 ``[batch, vocab]``, prompt steps
+            included) in ``Generation.logits``.
+    Raises:
+        InputError: an empty prompt, too many tokens for the KV cache, ids outside the vocab.
+    """
+    p = np.asarray(prompt, np.int64)
+    if p.ndim == 1:
+        p = np.broadcast_to(p, (decoder.batch, p.size))
+    if p.ndim != 2 or p.shape[0] != decoder.batch or p.shape[1] == 0:
+        raise InputError(f"prompt of shape {list(np.shape(prompt))}",
+                         valid=f"a non-empty [n] or [{decoder.batch}, n] list of token ids")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1 or \
+            p.shape[1] + max_new_tokens - 1 > decoder.max_seq:
+        raise InputError(f"{p.shape[1]} prompt + {max_new_tokens} new tokens",
+                         valid=f"max_new_tokens >= 1 and a total <= max_seq + 1 = "
+                               f"{decoder.max_seq + 1}")
+    rng, kept = sampling.rng(), []
+    t0 = time.perf_counter()
+    for t in range(p.shape[1]):
+        logits = decoder.step(p[:, t], np.full(decoder.batch, t))
+        kept.append(_host(logits) if keep_logits else None)
+    nxt = sample(logits, sampling, rng)
+    t1 = time.perf_counter()
+    out = [nxt]
+    for t in range(p.shape[1], p.shape[1] + max_new_tokens - 1):
+        logits = decoder.step(out[-1], np.full(decoder.batch, t))
+        kept.append(_host(logits) if keep_logits else None)
+        out.append(sample(logits, sampling, rng))
+    t2 = time.perf_counter()
+    return Generation(np.stack(out, axis=1), 1e3 * (t1 - t0),
+                      1e3 * (t2 - t1) / max(1, max_new_tokens - 1),
+                      kept if keep_logits else [])
+
+
+def _host(logits) -> np.ndarray:
+    return np.array(logits.get() if hasattr(logits, "get") else logits, np.float32)
