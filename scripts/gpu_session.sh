@@ -4,11 +4,11 @@
 #   FUSIONC_CACHE_DIR=.fcache python -m tests.gpu.precompile
 #   FUSIONC_CACHE_DIR=.fcache python benchmarks/attention_block.py --compile-only
 # then on the GPU machine (carry .whl and .fcache):
-#   bash scripts/gpu_session.sh [tests|bench|all] [pytest args...]
+#   bash scripts/gpu_session.sh [tests|bench|decode|all] [pytest or decode.py args...]
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD FUSIONC_CACHE_DIR=$PWD/.fcache
+export PYTHONPATH=/tmp/site:$PWD FUSIONC_CACHE_DIR=$(realpath "${FUSIONC_CACHE_DIR:-.fcache}")
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 what=${1:-all}; shift || true
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -18,4 +18,7 @@ fi
 if [[ $what == bench || $what == all ]]; then
   python3 benchmarks/attention_block.py ${BENCH_ARGS:---quick --no-torch-compile} 2>&1 | tee "$out/bench_attention.log" | tail -8
   python3 benchmarks/mlp_block.py ${BENCH_ARGS:---quick --no-torch-compile} 2>&1 | tee "$out/bench_mlp.log" | tail -8
+fi
+if [[ $what == decode ]]; then
+  python3 benchmarks/decode.py "$@" 2>&1 | tee "$out/bench_decode.log" | tail -30
 fi

@@ -96,7 +96,7 @@ def config_from_dict(raw: dict, where: str = "config") -> ModelConfig:
         arch=arch, layers=get("num_hidden_layers"), hidden=hidden, heads=heads,
         kv_heads=kv_heads, head_dim=int(head_dim), intermediate=get("intermediate_size"),
         vocab=get("vocab_size"), eps=float(raw.get("rms_norm_eps", 1e-6)),
-        theta=float(raw.get("rope_theta", 10000.0)), rope_scaling=_rope_scaling(raw, where),
+        theta=_theta(raw), rope_scaling=_rope_scaling(raw, where),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
         max_position=int(raw.get("max_position_embeddings", 4096)), dtype=_DTYPES[dt])
 
@@ -122,8 +122,14 @@ def _getter(raw: dict, where: str):
     return get
 
 
+def _theta(raw: dict) -> float:
+    """``rope_theta``, top level (transformers 4) or in ``rope_parameters`` (transformers 5)."""
+    params = raw.get("rope_parameters") or {}
+    return float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
+
+
 def _rope_scaling(raw: dict, where: str) -> tuple:
-    rs = raw.get("rope_scaling")
+    rs = raw.get("rope_scaling") or raw.get("rope_parameters")
     if not rs:
         return ()
     kind = rs.get("rope_type", rs.get("type"))

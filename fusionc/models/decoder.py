@@ -64,8 +64,11 @@ class Decoder:
         from fusionc.models.weights import SafetensorsWeights, head_weights, layer_weights
         cfg = load_config(model_dir)
         src = SafetensorsWeights(model_dir)
+        from tqdm import tqdm
         dec = cls(cfg, progress=progress, **kw)
-        dec.load((layer_weights(src, cfg, i, dec.dtype) for i in range(cfg.layers)),
+        layers = tqdm(range(cfg.layers), desc="loading weights", unit="layer",
+                      disable=progress is None, leave=False)
+        dec.load((layer_weights(src, cfg, i, dec.dtype) for i in layers),
                  head_weights(src, cfg, dec.dtype))
         return dec
 
@@ -110,9 +113,13 @@ class Decoder:
     def step(self, tokens, positions):
         """Run one decode step: token ``tokens[b]`` of sequence b sits at ``positions[b]`` and
         attends over positions 0..positions[b]. Returns the fp32 logits ``[batch, vocab]`` (a
-        CuPy buffer overwritten by the next step). Raises InputError for tokens outside the
-        vocabulary or positions outside the KV cache."""
+        CuPy buffer overwritten by the next step, ready on the caller's current stream).
+        Raises InputError for tokens outside the vocabulary or positions outside the KV cache.
+        """
+        import cupy
         tokens, positions = self._check(tokens, positions)
+        caller = cupy.cuda.get_current_stream()
+        self.stream.wait_event(caller.record())  # the caller is done with the last logits
         self.tokens.set(tokens, stream=self.stream)
         self.positions.set(positions, stream=self.stream)
         self.seq_lens.set(positions + 1, stream=self.stream)
@@ -124,7 +131,15 @@ class Decoder:
                 self._graph = self.stream.end_capture()
                 # the capture did not run: repeat this step's inputs and replay
             self._graph.launch(self.stream)
+        caller.wait_event(self.stream.record())      # the caller's stream sees this step's logits
         return self.head.logits
+
+    def replay(self) -> None:
+        """Replay the captured step with the inputs of the last :meth:`step` (asynchronous, on
+        :attr:`stream`): for timing a decode step without host work."""
+        if self._graph is None:
+            raise InputError("no decode step captured yet", valid="call step() first")
+        self._graph.launch(self.stream)
 
     def _run(self) -> None:
         """Embedding, every layer's attention and MLP kernels, final norm and LM head."""

@@ -103,6 +103,9 @@ def test_config_fields():
     c = config_from_dict(LLAMA31)
     assert (c.arch, c.head_dim, c.kv_heads, c.tie_embeddings) == ("llama", 16, 2, True)
     assert c.rope_scaling == (8.0, 1.0, 4.0, 8.0)
+    v5 = {k: v for k, v in LLAMA31.items() if k not in ("rope_scaling", "rope_theta")}
+    v5["rope_parameters"] = LLAMA31["rope_scaling"] | {"rope_theta": 500000.0}   # transformers 5
+    assert config_from_dict(v5) == c
     q = config_from_dict(QWEN3)
     assert (q.arch, q.head_dim, q.qk_norm, q.dtype) == ("qwen3", 32, True, "bf16")
 
