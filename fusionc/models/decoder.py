@@ -1,7 +1,8 @@
 """A whole decoder-only model on the GPU: every layer runs fusionc's fused attention and MLP
-kernels (compiled once, shared by all layers), and one decode step — embedding, all layers,
-final norm, LM head — is one CUDA graph, captured on the first step and replayed afterwards
-with new tokens, positions and KV lengths (run-time arguments; nothing recompiles).
+kernels (compiled once, shared by all layers). One decode step — embedding, all layers, final
+norm — is one CUDA graph, captured on the first step and replayed afterwards with new tokens,
+positions and KV lengths (run-time arguments; nothing recompiles); the LM head (one cuBLAS GEMM,
+which CuPy refuses to call during a capture) follows the replay on the same stream.
 
 KV cache: contiguous per sequence, ``[batch, max_seq, kv_heads, head_dim]`` per layer for K and V.
 Prompt tokens run through the same decode step one at a time (no separate prefill).
@@ -125,24 +126,38 @@ class Decoder:
         self.seq_lens.set(positions + 1, stream=self.stream)
         with self.stream:
             if self._graph is None:
-                self._run()               # loads the kernels; nothing is allocated in a capture
-                self.stream.begin_capture()
-                self._run()
-                self._graph = self.stream.end_capture()
-                # the capture did not run: repeat this step's inputs and replay
+                self._graph = self._capture()
             self._graph.launch(self.stream)
+            self.head.project()                        # cuBLAS: not capturable through CuPy
         caller.wait_event(self.stream.record())      # the caller's stream sees this step's logits
         return self.head.logits
 
+    def _capture(self):
+        """Run the step once eagerly (loads the kernels, fills CuPy's pool so that nothing is
+        allocated in the capture), then capture it; the capture does not execute."""
+        self._run()
+        self.stream.begin_capture()
+        try:
+            self._run()
+        except BaseException:
+            try:
+                self.stream.end_capture()
+            except Exception:  # noqa: S110 - the original error is the one to report
+                pass
+            raise
+        return self.stream.end_capture()
+
     def replay(self) -> None:
-        """Replay the captured step with the inputs of the last :meth:`step` (asynchronous, on
-        :attr:`stream`): for timing a decode step without host work."""
+        """Replay the captured step and the LM head with the inputs of the last :meth:`step`
+        (asynchronous, on :attr:`stream`): for timing a decode step without host work."""
         if self._graph is None:
             raise InputError("no decode step captured yet", valid="call step() first")
-        self._graph.launch(self.stream)
+        with self.stream:
+            self._graph.launch(self.stream)
+            self.head.project()
 
     def _run(self) -> None:
-        """Embedding, every layer's attention and MLP kernels, final norm and LM head."""
+        """Embedding, every layer's attention and MLP kernels, final norm (the captured part)."""
         from fusionc.models.head import embed_into
         a, b = self.x
         embed_into(self.embed, self.tokens, b)
@@ -152,7 +167,7 @@ class Decoder:
                            positions=self.positions, seq_lens=self.seq_lens,
                            outputs={attn_out: a})
             self.mlp(x=a, **_pick(w, self.mlp.params, "x"), outputs={mlp_out: b})
-        self.head(b)
+        self.head.norm(b)
 
     def _check(self, tokens, positions):
         t = np.asarray(tokens, np.int64).reshape(-1)

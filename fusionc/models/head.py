@@ -1,7 +1,8 @@
 """The parts of a decode step around the fused layer kernels, on the GPU: token embedding (a
 gather), the final RMSNorm and the LM head (a cuBLAS GEMM with fp32 accumulation and fp32
 logits). These are library calls (CuPy, cuBLAS), not fusionc kernels; each writes into buffers
-allocated once, so the whole step can be captured in one CUDA graph.
+allocated once. The embedding and the norm are captured with the layers in the step's CUDA
+graph; CuPy refuses cuBLAS calls during a capture, so the GEMM runs after each replay.
 
 Storage dtypes as in ``fusionc.runtime.arrays``: f16 arrays are float16, bf16 arrays are uint16
 bit patterns, f32 arrays float32.
@@ -12,32 +13,36 @@ import functools
 
 import numpy as np
 
-# device helpers shared by the two CuPy kernels: 16-bit storage <-> fp32
-_PREAMBLE = r"""
+# 16-bit storage <-> fp32 in the two CuPy kernels, per storage dtype (CuPy declares float16
+# only for kernels that take float16 arrays)
+_PREAMBLE = {
+    "f16": r"""
 __device__ __forceinline__ float fc_f32(float16 x) { return float(x); }
-__device__ __forceinline__ float fc_f32(float x) { return x; }
+__device__ __forceinline__ void fc_store(float v, float16 &o) { o = float16(v); }
+""",
+    "bf16": r"""
 __device__ __forceinline__ float fc_f32(unsigned short x) {   // bf16 bits
   return __uint_as_float(((unsigned int)x) << 16); }
-__device__ __forceinline__ void fc_store(float v, float16 &o) { o = float16(v); }
-__device__ __forceinline__ void fc_store(float v, float &o) { o = v; }
 __device__ __forceinline__ void fc_store(float v, unsigned short &o) {   // round to nearest even
   unsigned int u = __float_as_uint(v);
   o = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); }
-"""
+""",
+}
 
 _CUDA_R = {"f16": 2, "bf16": 14, "f32": 0}  # cudaDataType: CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F
-_COMPUTE_32F, _GEMM_DEFAULT = 68, -1    # cublasComputeType_t CUBLAS_COMPUTE_32F, default algo
+_GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
 
 
 @functools.cache
-def _kernels():
+def _kernels(dtype: str):
+    """(sum of squares per row, scale and round) CuPy kernels for storage dtype f16 or bf16."""
     import cupy
     sumsq = cupy.ReductionKernel("T x", "float32 y", "fc_f32(x) * fc_f32(x)", "a + b", "y = a",
-                                 "0", "fc_sumsq", preamble=_PREAMBLE)
+                                 "0", "fc_sumsq", preamble=_PREAMBLE[dtype])
     scale = cupy.ElementwiseKernel(
         "T x, T w, float32 ss, float32 n, float32 eps", "T y",
         "fc_store(fc_f32(w) * (fc_f32(x) * rsqrtf(ss / n + eps)), y)", "fc_rms_scale",
-        preamble=_PREAMBLE)
+        preamble=_PREAMBLE[dtype])
     return sumsq, scale
 
 
@@ -61,24 +66,35 @@ class Head:
         self.logits = cupy.empty((batch, vocab), cupy.float32)
         self._scalars = np.array([1.0, 0.0], np.float32)  # alpha, beta (host pointer mode)
 
-    def __call__(self, x):
-        import cupy
-        from cupy_backends.cuda.libs import cublas
-        sumsq, scale = _kernels()
+    def norm(self, x) -> None:
+        """``normed = rms_norm(x) · final_norm`` (fp32 arithmetic, rounded to the dtype)."""
+        sumsq, scale = _kernels(self.dtype)
         sumsq(x, axis=1, keepdims=True, out=self.sumsq)
         scale(x, self.w[None, :], self.sumsq, np.float32(x.shape[1]), np.float32(self.eps),
               self.normed)
+
+    def project(self):
+        """``logits = normed · lm_headᵀ`` in fp32 (cublasGemmEx, 16-bit inputs, fp32 compute and
+        output) on the current stream; returns the logits buffer."""
+        import cupy
+        from cupy_backends.cuda.libs import cublas
         handle = cupy.cuda.device.get_cublas_handle()
         cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         vocab, hidden = self.lm_head.shape
         t = _CUDA_R[self.dtype]
         a = self._scalars.ctypes.data
         # column-major: logits^T [vocab, B] = lm_head [vocab, hidden] · normed^T [hidden, B]
-        cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, vocab, x.shape[0], hidden,
-                      a, self.lm_head.data.ptr, t, hidden, self.normed.data.ptr, t, hidden,
-                      a + 4, self.logits.data.ptr, _CUDA_R["f32"], vocab, _COMPUTE_32F,
-                      _GEMM_DEFAULT)
+        cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, vocab,
+                      self.normed.shape[0], hidden, a, self.lm_head.data.ptr, t, hidden,
+                      self.normed.data.ptr, t, hidden, a + 4, self.logits.data.ptr,
+                      _CUDA_R["f32"], vocab, cublas.CUBLAS_COMPUTE_32F, _GEMM_DEFAULT)
         return self.logits
+
+    def __call__(self, x):
+        """:meth:`norm` then :meth:`project`."""
+        self.norm(x)
+        return self.project()
 
 
 def embed_into(embed, tokens, out) -> None:

@@ -99,3 +99,12 @@ def test_smem_required_counts_tiles_and_matches_the_launch():
     k = parse_module(splitk_gemv(4, 2, 64, 16, "f16")).graphs[0]
     # xt f16[8, 64] (1 KB) + buf f32[8, 16] + p/s f32[8, 16], live ranges packed
     assert smem_required(k) == generate_cuda(k).smem_bytes == 2048
+
+
+def test_every_inline_asm_is_volatile():
+    """A non-volatile asm is a pure function to the compiler, which may then run a load ahead of
+    the bounds check that guards it (an out-of-bounds weight read compute-sanitizer found)."""
+    import re
+    src = generate_cuda(parse_module(splitk_gemv(4, 2, 64, 32, "f16")).graphs[0]).source
+    assert "asm volatile(" in src
+    assert not re.search(r"\basm\s*\(", src)

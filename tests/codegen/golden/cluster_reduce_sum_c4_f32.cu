@@ -97,10 +97,14 @@ template <> FC_DEVICE void fc_load4<__nv_bfloat16>(const __nv_bfloat16* p, float
 }
 
 // Streaming 16-byte global load that does not allocate in L1 (weights, KV: read once).
+// volatile: a non-volatile asm counts as a pure function of its operands, and the compiler may
+// then execute it ahead of the bounds check guarding it (`ok ? load(p) : 0`) — a read past the
+// end of the weights that compute-sanitizer caught on a Qwen3 MLP (and that faulted whenever the
+// next page was unmapped).
 FC_DEVICE uint4 fc_ldg_stream(const void* p) {
   uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 { %0, %1, %2, %3 }, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 { %0, %1, %2, %3 }, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
 
