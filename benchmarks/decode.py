@@ -48,8 +48,9 @@ def torch_step(dec, kv: int):
     c = dec.cfg
     tdt = torch.float16 if dec.dtype == "f16" else torch.bfloat16
 
-    def view(a):
-        return torch.as_tensor(a, device="cuda").view(tdt)
+    def view(a):  # 16-bit storage through int16 (CUDA array interface), then reinterpreted
+        import cupy
+        return torch.as_tensor(a.view(cupy.int16), device="cuda").view(tdt)
     layers = [{k: view(v) for k, v in w.items()} for w in dec.layers]
     embed, norm, head = view(dec.embed), view(dec.head.w), view(dec.head.lm_head)
     tokens = torch.as_tensor(dec.tokens, device="cuda").long()

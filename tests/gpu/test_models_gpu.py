@@ -4,8 +4,11 @@ bf16) saved as safetensors by ``transformers`` and loaded by ``Decoder.from_pret
 
 Teacher forcing: 64 tokens fed one per decode step (each step one CUDA-graph replay); the logits
 of every step within 1e-2 (norm-wise) of the transformers model run in float32 on the same
-weights. Greedy free-running: each generated token equals the reference's argmax wherever the
-reference's top-2 gap exceeds 1% of its logit range.
+weights (f16 models). A bf16 model cannot meet 1e-2 against float32 after 4 layers of bf16
+hidden states — transformers' own bf16 run does not either —, so the bf16 case must be no
+worse than 1.25 × transformers' bf16 error (both measured here, both printed). Greedy
+free-running: each generated token equals the reference's argmax wherever the reference's top-2
+gap exceeds 1% of its logit range.
 """
 from __future__ import annotations
 
@@ -24,11 +27,13 @@ LLAMA = dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2,
 QWEN3 = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, head_dim=128,
              intermediate_size=3072, num_hidden_layers=4, vocab_size=32000, rms_norm_eps=1e-6,
              rope_theta=1000000.0, max_position_embeddings=4096, tie_word_embeddings=False)
-CASES = {"llama3.1-f16": ("llama", LLAMA, "float16"), "qwen3-bf16": ("qwen3", QWEN3, "bfloat16")}
+CASES = {"llama3.1-f16": ("llama", LLAMA, "float16"), "qwen3-f16": ("qwen3", QWEN3, "float16"),
+         "qwen3-bf16": ("qwen3", QWEN3, "bfloat16")}
 
 
-def hf_model(family: str, sizes: dict, dtype: str, path):
-    """A random transformers model saved to ``path``; returns it in float32 on the GPU."""
+def hf_model(family: str, sizes: dict, dtype: str, path, keep_dtype: bool = False):
+    """A random transformers model saved to ``path``; returns it on the GPU in float32 (or in
+    ``dtype`` with ``keep_dtype``)."""
     import torch
     if family == "qwen3":
         from transformers import Qwen3Config as Config, Qwen3ForCausalLM as Model
@@ -41,7 +46,7 @@ def hf_model(family: str, sizes: dict, dtype: str, path):
             if "norm" in name:
                 p.add_(0.2 * torch.randn_like(p))
     model.save_pretrained(path, safe_serialization=True)
-    return model.float().cuda().eval()
+    return (model if keep_dtype else model.float()).cuda().eval()
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -51,7 +56,11 @@ def case(request, tmp_path_factory):
     family, sizes, dtype = CASES[request.param]
     path = tmp_path_factory.mktemp(request.param)
     ref = hf_model(family, sizes, dtype, path)
-    return request.param, ref, Decoder.from_pretrained(path, batch=1, max_seq=128)
+    native = None
+    if dtype == "bfloat16":   # transformers in bf16 itself (same seed: same weights)
+        native = hf_model(family, sizes, dtype, tmp_path_factory.mktemp("native"),
+                          keep_dtype=True)
+    return request.param, ref, Decoder.from_pretrained(path, batch=1, max_seq=128), native
 
 
 def ref_logits(model, tokens) -> np.ndarray:
@@ -62,7 +71,7 @@ def ref_logits(model, tokens) -> np.ndarray:
 
 
 def test_teacher_forced_logits(case):
-    name, ref, dec = case
+    name, ref, dec, native = case
     tokens = np.random.default_rng().integers(0, dec.cfg.vocab, STEPS)
     want = ref_logits(ref, tokens)
     errs = []
@@ -70,13 +79,19 @@ def test_teacher_forced_logits(case):
         logits = dec.step(tokens[t:t + 1], [t]).get()[0]
         assert not np.isnan(logits).any(), t
         errs.append(rel(logits, want[t]))
+    limit = 1e-2
+    if native is not None:
+        hf = ref_logits(native, tokens)
+        hf_err = max(rel(hf[t], want[t]) for t in range(STEPS))
+        limit = max(limit, 1.25 * hf_err)
+        record("models", f"{name} transformers bf16 vs float32", f"max err {hf_err:.2e}")
     record("models", f"{name} teacher-forced {STEPS} steps", f"max err {max(errs):.2e}")
-    assert max(errs) <= 1e-2, np.argmax(errs)
+    assert max(errs) <= limit, np.argmax(errs)
 
 
 def test_greedy_generation(case):
     from fusionc.models import generate
-    name, ref, dec = case
+    name, ref, dec, _ = case
     prompt = np.random.default_rng().integers(0, dec.cfg.vocab, 8)
     gen = generate(dec, prompt, STEPS - 8)
     seq = np.concatenate([prompt, gen.tokens[0]])
@@ -94,7 +109,7 @@ def test_greedy_generation(case):
 
 def test_generate_cli(case, tmp_path, capsys):
     from fusionc.cli import main
-    name, _, dec = case
+    name, *_ = case
     if name != "llama3.1-f16":
         pytest.skip("one model is enough for the CLI")
     import transformers  # noqa: F401 - the fixture saved the model
