@@ -7,7 +7,7 @@ See DESIGN.md (shared) and README.md.
 
 The DSL (``fusionc.graph``, ``fusionc.linear``, ``fusionc.f16``, ...), the interpreter
 (``fusionc.interpret``), the simulator (``fusionc.simulate``) and the GPU compiler
-(``fusionc.compile``) are imported on first use, so that ``import fusionc`` stays fast.
+(``fusionc.compile``, ``fusionc.jit``) are imported on first use, so that ``import fusionc`` stays fast.
 """
 __version__ = "0.1.0"
 
@@ -31,6 +31,9 @@ def __getattr__(name):
     if name == "compile":
         from fusionc.runtime.compiled import compile
         return compile
+    if name == "jit":
+        from fusionc.runtime.jit import jit
+        return jit
     if name == "simulate":
         from fusionc.sim import simulate
         return simulate
@@ -38,4 +41,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | _DSL_NAMES | {"interpret", "compile", "simulate"})
+    return sorted(set(globals()) | _DSL_NAMES | {"interpret", "compile", "jit", "simulate"})

@@ -44,6 +44,13 @@ class CompiledKernel:
                 f"{self.registers} registers, {self.smem_bytes} B shared memory, "
                 f"{self.stats.stack} B stack, {self.spills} B spills")
 
+    def _repr_html_(self) -> str:
+        from fusionc.display import kernel_html
+        return kernel_html(self)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.report())
+
 
 def compile_kernel(kernel: Graph | KernelSource, options: CodegenOptions | None = None,
                    use_cache: bool = True) -> CompiledKernel:

@@ -119,6 +119,14 @@ class Graph:
     def replace(self, **changes: Any) -> "Graph":
         return replace(self, **changes)
 
+    def _repr_html_(self) -> str:
+        from fusionc.display import graph_html
+        return graph_html(self)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        from fusionc.display import graph_text
+        p.text("..." if cycle else graph_text(self))
+
 
 @dataclass(frozen=True, slots=True)
 class Module:
@@ -138,3 +146,11 @@ class Module:
 
     def replace(self, **changes: Any) -> "Module":
         return replace(self, **changes)
+
+    def _repr_html_(self) -> str:
+        from fusionc.display import module_html
+        return module_html(self)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        from fusionc.display import module_text
+        p.text("..." if cycle else module_text(self))

@@ -14,12 +14,12 @@ every query and key head (one weight vector shared by the heads) before RoPE. Ro
 import math  # no `from __future__ import annotations`: the DSL evaluates the annotations
 
 import fusionc as fc
-from fusionc.ir import Graph
+from fusionc.ir import Module
 
 
 def attention_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int, max_seq: int,
                     eps: float, theta: float, dtype: str, qk_norm: bool = False,
-                    rope_scaling=()) -> Graph:
+                    rope_scaling=()) -> Module:
     """Graph ``@attention``: x + o_proj(attention(rope(qkv_proj(rms_norm(x))))).
 
     Weights: fused QKV ``[(heads + 2·kv_heads)·head_dim, hidden]`` (q rows, then k, then v),
@@ -68,7 +68,7 @@ def attention_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int, ma
     return attention
 
 
-def mlp_block(*, hidden: int, intermediate: int, eps: float, dtype: str) -> Graph:
+def mlp_block(*, hidden: int, intermediate: int, eps: float, dtype: str) -> Module:
     """Graph ``@mlp``: x + down(silu(gate(h)) · up(h)) with h = rms_norm(x) (SwiGLU MLP,
     Shazeer 2020, "GLU Variants Improve Transformer").
 
@@ -89,7 +89,7 @@ def mlp_block(*, hidden: int, intermediate: int, eps: float, dtype: str) -> Grap
     return mlp
 
 
-def layer_module(cfg, max_seq: int, dtype: str | None = None):
+def layer_module(cfg, max_seq: int, dtype: str | None = None) -> Module:
     """The module with graphs ``@attention`` and ``@mlp`` of one decoder layer of model config
     ``cfg`` (:class:`fusionc.models.config.ModelConfig`); every layer shares these graphs."""
     return fc.module(

@@ -122,6 +122,14 @@ class CompiledGraph:
         """Per kernel: grid, cluster, threads, registers, shared memory, spills."""
         return "\n".join(k.report() for k in self.kernels.values())
 
+    def _repr_html_(self) -> str:
+        from fusionc.display import compiled_html
+        return compiled_html(self)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        from fusionc.display import graph_text
+        p.text("..." if cycle else graph_text(self.host) + "\n" + self.report())
+
     def __call__(self, *args, outputs: dict | None = None, **kwargs):
         from fusionc.runtime.launch import LoadedKernel
         given = self._named(args, kwargs)
