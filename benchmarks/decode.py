@@ -3,7 +3,8 @@ random weights — fusionc (one CUDA graph of its fused kernels) vs PyTorch eage
 torch.compile of the same model, each captured in a CUDA graph, vs the HBM floor (all weights
 plus the valid KV read once, over the copy bandwidth measured in the same run):
 
-    python3 benchmarks/decode.py [--model Llama-2-7B] [--batch 1] [--kv 1024] [--compile-only]
+    python3 benchmarks/decode.py [--model Llama-2-7B] [--batch 1] [--kv 1024] [--tune]
+    python3 benchmarks/decode.py --compile-only [--tune]     # fill the cubin cache, no GPU
 
 The weights (13–16 GB) are far larger than L2, so no buffer rotation is needed. torch.compile
 uses its default mode (``--max-autotune`` for mode="max-autotune-no-cudagraphs"; that
@@ -28,10 +29,19 @@ MODELS = {
 }
 
 
-def decoder(cfg, batch: int, kv: int):
-    """fusionc's Decoder for one point (compiles through the cubin cache; no weights yet)."""
+def decoder(cfg, batch: int, kv: int, tune: bool = False):
+    """fusionc's Decoder for one point (compiles through the cubin cache; no weights yet);
+    ``tune``: autotune each layer graph on the GPU first (stored, reused by later runs)."""
     from fusionc.models import Decoder
-    return Decoder(cfg, batch=batch, max_seq=kv, kv_len=kv)
+    return Decoder(cfg, batch=batch, max_seq=kv, kv_len=kv, autotune=tune)
+
+
+def compile_candidates(cfg, batch: int, kv: int) -> None:
+    """Every autotuning candidate of the point's layer graphs into the cubin cache (no GPU)."""
+    from fusionc.models.blocks import layer_module
+    from fusionc.tune.search import compile_candidates as candidates
+    for g in layer_module(cfg, kv).graphs:
+        candidates(g, batch, kv, progress=False)
 
 
 def floor_bytes(cfg: ModelConfig, batch: int, kv: int) -> int:
@@ -102,7 +112,7 @@ def run_point(name, cfg, batch, kv, bw, weights, args) -> dict:
     import numpy as np
     import torch
     from benchmarks import common, torch_blocks
-    dec = decoder(cfg, batch, kv)
+    dec = decoder(cfg, batch, kv, args.tune)
     dec.load(iter(weights[0]), weights[1])
     fill_caches(dec, kv)
     tokens = np.arange(batch) * 7 + 11
@@ -143,12 +153,17 @@ def main() -> int:
                     help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--max-autotune", action="store_true")
+    ap.add_argument("--tune", action="store_true",
+                    help="autotune fusionc's layer kernels first (with --compile-only: compile "
+                         "every candidate)")
     args = ap.parse_args()
     points = [(m, b, k) for m in (args.model or list(MODELS)) for b in (args.batch or [1, 8])
               for k in (args.kv or [1024, 8192])]
     if args.compile_only:
         for m, b, k in points:
             decoder(MODELS[m], b, k)
+            if args.tune:
+                compile_candidates(MODELS[m], b, k)
             print(f"compiled {m} batch {b} KV {k}", flush=True)
         return 0
     import cupy
