@@ -14,11 +14,13 @@ def html_block(title: str, body: str, open_: bool = True, note: str = "") -> str
 
 
 def graph_text(g) -> str:
+    """The IR text of a graph or kernel."""
     from fusionc.ir.printer import print_graph
     return print_graph(g)
 
 
 def module_text(m) -> str:
+    """The IR text of a module."""
     from fusionc.ir.printer import print_module
     return print_module(m)
 

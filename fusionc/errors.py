@@ -113,3 +113,9 @@ class InputError(FusionError):
     """A run-time argument of the wrong shape, dtype, device, layout or alignment."""
 
     kind = "input error"
+
+
+class NumericsError(FusionError):
+    """A computed result is not finite where it must be (e.g. NaN logits while decoding)."""
+
+    kind = "numerics error"

@@ -25,33 +25,43 @@ ARCH = {"llama": dict(architectures=["LlamaForCausalLM"], torch_dtype="float16")
                       num_attention_heads=16, num_key_value_heads=4, head_dim=128)}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", choices=list(ARCH), default="llama")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--dtype", choices=("f16", "bf16"), help="override the config's dtype")
-    args = ap.parse_args()
+def compare(arch: str, dtype: str | None = None, batch: int = 1, steps: int = 8,
+            phases: bool = True, log=print) -> float:
+    """Worst per-step logits error of the GPU Decoder against HostDecoder(precise=True) on the
+    same random weights; row b of the batch sits 3·b positions ahead of row 0."""
     import cupy
-    cfg = config_from_dict(SIZES | ARCH[args.arch])
-    dt = args.dtype or cfg.dtype
+    cfg = config_from_dict(SIZES | ARCH[arch])
+    dt = dtype or cfg.dtype
     layers = [random_layer(cfg, i, dt) for i in range(cfg.layers)]
     head = random_head(cfg, dt)
-    gpu = Decoder(cfg, batch=args.batch, max_seq=128, dtype=dt)
+    gpu = Decoder(cfg, batch=batch, max_seq=128, dtype=dt)
     gpu.load(layers, head)
-    cpu = HostDecoder(cfg, batch=args.batch, max_seq=128, dtype=dt, precise=True)
+    cpu = HostDecoder(cfg, batch=batch, max_seq=128, dtype=dt, precise=True)
     cpu.load(layers, head)
-    sync = cupy.cuda.runtime.deviceSynchronize
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab, (args.steps, args.batch))
-    # phase by phase, eager, step 0
-    gpu.tokens.set(tokens[0].astype(np.int32))
-    gpu.positions.set(np.zeros(args.batch, np.int32))
-    gpu.seq_lens.set(np.ones(args.batch, np.int32))
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab, (steps, batch))
+    offset = 3 * np.arange(batch)
+    if phases:
+        _phases(gpu, tokens[0], offset, cupy.cuda.runtime.deviceSynchronize, log)
+    worst = 0.0
+    for t in range(steps):
+        got = gpu.step(tokens[t], t + offset).get()
+        want = cpu.step(tokens[t], t + offset)
+        err = max(relative_error(got[r], want[r]) for r in range(batch))
+        worst = max(worst, err)
+        log(f"step {t}: GPU vs interpreter {err:.2e}")
+    return worst
+
+
+def _phases(gpu, tokens, positions, sync, log) -> None:
+    """Step 0 eagerly, phase by phase, with a device synchronization after each."""
     from fusionc.models.head import embed_into
+    gpu.tokens.set(tokens.astype(np.int32))
+    gpu.positions.set(positions.astype(np.int32))
+    gpu.seq_lens.set((positions + 1).astype(np.int32))
     a, b = gpu.x
     embed_into(gpu.embed, gpu.tokens, b)
     sync()
-    print("embedding ok", flush=True)
+    log("embedding ok")
     for i, w in enumerate(gpu.layers):
         gpu.attention(x=b, **{n: w[n] for n in gpu.attention.params if n in w},
                       positions=gpu.positions, seq_lens=gpu.seq_lens,
@@ -60,20 +70,23 @@ def main() -> int:
         gpu.mlp(x=a, **{n: w[n] for n in gpu.mlp.params if n in w and n != "x"},
                 outputs={gpu.mlp.host.outputs[0].name: b})
         sync()
-        print(f"layer {i} ok", flush=True)
+        log(f"layer {i} ok")
     gpu.head.norm(b)
     sync()
-    print("final norm ok", flush=True)
     gpu.head.project()
     sync()
-    print("LM head ok", flush=True)
-    worst = 0.0
-    for t in range(args.steps):
-        got = gpu.step(tokens[t], np.full(args.batch, t)).get()
-        want = cpu.step(tokens[t], np.full(args.batch, t))
-        err = max(relative_error(got[r], want[r]) for r in range(args.batch))
-        worst = max(worst, err)
-        print(f"step {t}: GPU vs interpreter {err:.2e}", flush=True)
+    log("final norm and LM head ok")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", choices=list(ARCH), default="llama")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", choices=("f16", "bf16"), help="override the config's dtype")
+    args = ap.parse_args()
+    worst = compare(args.arch, args.dtype, args.batch, args.steps,
+                    log=lambda m: print(m, flush=True))
     print(f"{args.arch}: worst {worst:.2e} ({'ok' if worst <= 1e-2 else 'FAIL'})")
     return 0 if worst <= 1e-2 else 1
 

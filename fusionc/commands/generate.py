@@ -30,7 +30,8 @@ def token_list(text: str) -> list[int]:
     return out
 
 
-@command("generate", "decode a Hugging Face Llama/Qwen3 model (safetensors) on the GPU")
+@command("generate", "decode a Hugging Face Llama/Qwen3 model (safetensors) on the GPU, or "
+                     "in the interpreter with --cpu")
 def setup(p):
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = _EPILOG
@@ -47,7 +48,8 @@ def setup(p):
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, default 1")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--tp", type=int, default=1, choices=(1, 2), help="tensor parallel GPUs")
+    p.add_argument("--tp", type=int, default=1, choices=(1, 2),
+                   help="tensor-parallel GPUs (2 is refused until the TP runtime exists)")
     p.add_argument("--autotune", action="store_true", help="search kernel choices on the GPU")
     p.add_argument("--cpu", action="store_true",
                    help="run the graphs in the interpreter on the CPU (slow; no GPU needed)")
@@ -62,9 +64,18 @@ def run(args) -> int:
     if args.tp != 1:
         raise InputError("--tp 2", valid="--tp 1: the tensor-parallel runtime (fused "
                          "AllReduce+RMSNorm over NVLink) is not built yet")
+    from fusionc.models import load_config
     sampling = Sampling(args.temperature, args.top_p, args.seed)
-    total = len(args.prompt_tokens) + args.max_new_tokens
-    max_seq = args.max_seq or -(-total // 256) * 256
+    cfg = load_config(args.model)
+    total = len(args.prompt_tokens) + args.max_new_tokens - 1   # tokens the KV cache holds
+    if total > cfg.max_position:
+        raise InputError(f"{len(args.prompt_tokens)} prompt + {args.max_new_tokens} new tokens",
+                         valid=f"at most max_position_embeddings + 1 = {cfg.max_position + 1} "
+                               "in all")
+    max_seq = args.max_seq or min(-(-total // 256) * 256, cfg.max_position)
+    if total > max_seq:   # before compiling and loading anything
+        raise InputError(f"--max-seq {max_seq} for {len(args.prompt_tokens)} prompt + "
+                         f"{args.max_new_tokens} new tokens", valid=f"--max-seq >= {total}")
     if not args.cpu:
         from fusionc.runtime.arrays import require_gpu
         require_gpu()

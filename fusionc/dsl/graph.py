@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import inspect
 import re
+import traceback
 from typing import Callable
 
 from fusionc.dsl.builder import Builder
 from fusionc.dsl.source import as_dsl_error, code_loc, user_loc
 from fusionc.dsl.tensor import Tracer
-from fusionc.errors import DSLError, FusionError
+from fusionc.errors import DSLError, FusionError, Loc
 from fusionc.ir.nodes import Graph, Module
 from fusionc.ir.types import TensorType
 from fusionc.ir.verifier import verify_module
@@ -65,13 +66,34 @@ def trace(fn: Callable, *, name: str | None = None,
                        valid="letters, digits, '_' and '.', not starting with a digit")
     builder = Builder(gname, loc)
     args, kwargs = _parameters(fn, dict(inputs or {}), builder, loc)
-    result = fn(*args, **kwargs)
+    result = _call(fn, args, kwargs, loc)
     outputs = _outputs(result, builder, gname, loc)
     g = builder.finish(outputs, loc)
     try:
         return verify_module(Module((g,)))
     except FusionError as e:  # defensive: every op was verified when it was traced
         raise as_dsl_error(e, loc) from None
+
+
+def _call(fn, args, kwargs, loc):
+    """Run the traced function; a Python error inside it (e.g. ``x.numpy()`` on a traced
+    tensor) becomes a DSLError at the innermost line of the user's file, the original chained."""
+    try:
+        return fn(*args, **kwargs)
+    except FusionError:
+        raise
+    except RecursionError:
+        raise DSLError("the traced function recursed too deeply", loc=loc,
+                       valid="a function that builds a finite graph") from None
+    except Exception as e:  # noqa: BLE001 - any user error while tracing, reported at its line
+        where = loc
+        code = getattr(fn, "__code__", None)
+        for frame, line in traceback.walk_tb(e.__traceback__):
+            if code is not None and frame.f_code.co_filename == code.co_filename:
+                where = Loc(code.co_filename, line, 1)
+        raise DSLError(f"{type(e).__name__} while tracing: {e}", loc=where,
+                       valid="fusionc DSL operations on traced tensors (fusionc.linear, "
+                             "fusionc.rms_norm, +, *, ...); traced tensors have no values") from e
 
 
 def _parameters(fn, inputs, builder, loc):

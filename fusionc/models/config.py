@@ -8,6 +8,7 @@ an explicit ``head_dim``). Field meanings follow ``transformers``' ``LlamaConfig
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,10 +61,17 @@ def load_config(model_dir: str | Path) -> ModelConfig:
     """The :class:`ModelConfig` of ``model_dir/config.json``.
 
     Raises:
-        InputError: no config.json, invalid JSON, an unsupported architecture or rope scaling,
-            missing or inconsistent sizes; the message names the file and what is valid.
+        InputError: no such folder, no config.json, invalid JSON, an unsupported architecture
+            or rope scaling, missing, ill-typed or inconsistent fields; the message names the
+            file and what is valid.
     """
-    path = Path(model_dir) / "config.json"
+    if not isinstance(model_dir, (str, Path)):
+        raise InputError(f"model folder {model_dir!r}", valid="a path (str or pathlib.Path)")
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise InputError(f"model folder {folder} does not exist or is not a folder",
+                         valid="a Hugging Face model folder with config.json and *.safetensors")
+    path = folder / "config.json"
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
@@ -71,38 +79,84 @@ def load_config(model_dir: str | Path) -> ModelConfig:
                          "*.safetensors") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{path} is not valid JSON ({e})", valid="a config.json") from None
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}", valid="a config.json file") from None
     return config_from_dict(raw, str(path))
 
 
 def config_from_dict(raw: dict, where: str = "config") -> ModelConfig:
     """:class:`ModelConfig` from the dict of a ``config.json`` (see :func:`load_config`)."""
+    if not isinstance(raw, dict):
+        raise InputError(f"{where} holds a {type(raw).__name__}", valid="a JSON object")
+    f = _Fields(raw, where)
     arch = _arch(raw, where)
-    get = _getter(raw, where)
-    hidden, heads = get("hidden_size"), get("num_attention_heads")
-    kv_heads = get("num_key_value_heads", heads)
-    head_dim = raw.get("head_dim") or hidden // heads
+    hidden, heads = f.pos_int("hidden_size"), f.pos_int("num_attention_heads")
+    kv_heads = f.pos_int("num_key_value_heads", heads)
+    head_dim = f.pos_int("head_dim", None) if raw.get("head_dim") is not None else None
+    if head_dim is None:
+        if hidden % heads:
+            raise InputError(f"{where}: hidden_size {hidden} is not a multiple of "
+                             f"num_attention_heads {heads}", valid="an explicit head_dim")
+        head_dim = hidden // heads
+    if head_dim % 2:
+        raise InputError(f"{where}: head_dim {head_dim}", valid="an even head_dim (RoPE pairs)")
     if heads % kv_heads:
         raise InputError(f"{where}: num_attention_heads {heads} is not a multiple of "
                          f"num_key_value_heads {kv_heads}", valid="GQA groups of equal size")
-    for flag in ("attention_bias", "mlp_bias"):
-        if raw.get(flag):
-            raise InputError(f"{where}: {flag} = true", valid="projections without bias")
+    for flag in ("attention_bias", "mlp_bias", "use_sliding_window"):
+        if f.flag(flag, False):
+            raise InputError(f"{where}: {flag} = true", valid=f"{flag} = false (not supported)")
     if raw.get("hidden_act", "silu") != "silu":
         raise InputError(f"{where}: hidden_act = {raw['hidden_act']!r}", valid="silu (SwiGLU)")
-    dt = str(raw.get("torch_dtype") or raw.get("dtype") or "float16")
-    if dt not in _DTYPES:
+    dt = raw.get("torch_dtype") or raw.get("dtype") or "float16"
+    if not isinstance(dt, str) or dt not in _DTYPES:
         raise InputError(f"{where}: dtype {dt!r}", valid=", ".join(_DTYPES))
     return ModelConfig(
-        arch=arch, layers=get("num_hidden_layers"), hidden=hidden, heads=heads,
-        kv_heads=kv_heads, head_dim=int(head_dim), intermediate=get("intermediate_size"),
-        vocab=get("vocab_size"), eps=float(raw.get("rms_norm_eps", 1e-6)),
-        theta=_theta(raw), rope_scaling=_rope_scaling(raw, where),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        max_position=int(raw.get("max_position_embeddings", 4096)), dtype=_DTYPES[dt])
+        arch=arch, layers=f.pos_int("num_hidden_layers"), hidden=hidden, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, intermediate=f.pos_int("intermediate_size"),
+        vocab=f.pos_int("vocab_size"), eps=f.pos_float("rms_norm_eps", 1e-6), theta=_theta(f),
+        rope_scaling=_rope_scaling(f), tie_embeddings=f.flag("tie_word_embeddings", False),
+        max_position=f.pos_int("max_position_embeddings", 4096), dtype=_DTYPES[dt])
+
+
+class _Fields:
+    """Typed readers of config.json fields; InputError naming the file, key and what is valid."""
+
+    def __init__(self, raw: dict, where: str):
+        self.raw, self.where = raw, where
+
+    def _bad(self, key, v, valid):
+        return InputError(f"{self.where}: {key} = {v!r}", valid=valid)
+
+    def pos_int(self, key: str, default=None, raw: dict | None = None) -> int:
+        v = (self.raw if raw is None else raw).get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise self._bad(key, v, f"a positive integer {key}")
+        return v
+
+    def pos_float(self, key: str, default=None, raw: dict | None = None) -> float:
+        v = (self.raw if raw is None else raw).get(key, default)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
+            raise self._bad(key, v, f"a finite number {key} > 0")
+        return float(v)
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = self.raw.get(key, default)
+        if not isinstance(v, bool):
+            raise self._bad(key, v, "true or false")
+        return v
+
+    def obj(self, key: str) -> dict | None:
+        v = self.raw.get(key)
+        if v is not None and not isinstance(v, dict):
+            raise self._bad(key, v, "a JSON object or null")
+        return v
 
 
 def _arch(raw: dict, where: str) -> str:
     names = raw.get("architectures") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InputError(f"{where}: architectures = {names!r}", valid="a list of class names")
     for n in names:
         if n in ARCHITECTURES:
             return ARCHITECTURES[n]
@@ -113,34 +167,29 @@ def _arch(raw: dict, where: str) -> str:
                      valid=", ".join(ARCHITECTURES))
 
 
-def _getter(raw: dict, where: str):
-    def get(key, default=None):
-        v = raw.get(key, default)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise InputError(f"{where}: {key} = {v!r}", valid=f"a positive integer {key}")
-        return v
-    return get
-
-
-def _theta(raw: dict) -> float:
+def _theta(f: _Fields) -> float:
     """``rope_theta``, top level (transformers 4) or in ``rope_parameters`` (transformers 5)."""
-    params = raw.get("rope_parameters") or {}
-    return float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    params = f.obj("rope_parameters") or {}
+    if "rope_theta" in f.raw:
+        return f.pos_float("rope_theta")
+    return f.pos_float("rope_theta", 10000.0, raw=params)
 
 
-def _rope_scaling(raw: dict, where: str) -> tuple:
-    rs = raw.get("rope_scaling") or raw.get("rope_parameters")
+def _rope_scaling(f: _Fields) -> tuple:
+    rs = f.obj("rope_scaling") or f.obj("rope_parameters")
     if not rs:
         return ()
     kind = rs.get("rope_type", rs.get("type"))
     if kind == "default":
         return ()
     if kind != "llama3":
-        raise InputError(f"{where}: rope_scaling type {kind!r}", valid="llama3 or none")
-    try:
-        return tuple(float(rs[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                            "original_max_position_embeddings"))
-    except (KeyError, TypeError, ValueError):
-        raise InputError(f"{where}: rope_scaling {rs}", valid="llama3 scaling with factor, "
-                         "low_freq_factor, high_freq_factor, original_max_position_embeddings"
-                         ) from None
+        raise InputError(f"{f.where}: rope_scaling type {kind!r}", valid="llama3 or none")
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    if any(k not in rs for k in keys):
+        raise InputError(f"{f.where}: rope_scaling {rs}", valid="llama3 scaling with " +
+                         ", ".join(keys))
+    out = tuple(f.pos_float(k, raw=rs) for k in keys)
+    if out[1] >= out[2]:
+        raise InputError(f"{f.where}: rope_scaling low_freq_factor {out[1]} >= "
+                         f"high_freq_factor {out[2]}", valid="low_freq_factor < high_freq_factor")
+    return out

@@ -9,11 +9,12 @@ Prompt tokens run through the same decode step one at a time (no separate prefil
 """
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 import numpy as np
 
-from fusionc.errors import InputError
+from fusionc.errors import CompileError, InputError
 from fusionc.models.blocks import layer_module
 from fusionc.models.config import ModelConfig, load_config
 
@@ -47,13 +48,15 @@ class Decoder:
 
     def _setup(self, cfg: ModelConfig, batch: int, max_seq: int | None, dtype: str | None):
         """Sizes and the layer graphs (``fusionc.models.blocks.layer_module``)."""
-        self.cfg, self.batch = cfg, batch
+        self.cfg = cfg
+        self.batch = _positive("batch", batch)
+        self.max_seq = min(cfg.max_position, 4096) if max_seq is None else \
+            _positive("max_seq", max_seq)
+        if self.max_seq > cfg.max_position:
+            raise InputError(f"max_seq {self.max_seq} exceeds the model's "
+                             f"max_position_embeddings {cfg.max_position}",
+                             valid=f"max_seq <= {cfg.max_position}")
         self.dtype = dtype or (cfg.dtype if cfg.dtype in self.DTYPES else "f16")
-        self.max_seq = max_seq or min(cfg.max_position, 4096)
-        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or \
-                not isinstance(self.max_seq, int) or self.max_seq < 1:
-            raise InputError(f"batch {batch!r}, max_seq {self.max_seq!r}",
-                             valid="positive integers")
         if self.dtype not in self.DTYPES:
             raise InputError(f"dtype {self.dtype!r}", valid=" or ".join(self.DTYPES))
         self.module = layer_module(cfg, self.max_seq, self.dtype)
@@ -104,9 +107,13 @@ class Decoder:
             w = {k: cupy.asarray(v) for k, v in w.items()}
             w["k_cache"], w["v_cache"] = cupy.zeros(cache, dt), cupy.zeros(cache, dt)
             self.layers.append(w)
+        if len(self.layers) != c.layers:
+            raise InputError(f"{len(self.layers)} layers of weights", valid=f"{c.layers} "
+                             "(num_hidden_layers of the config)")
         self.embed = cupy.asarray(head["embed"])
-        self.head = Head(cupy.asarray(head["final_norm"]), cupy.asarray(head["lm_head"]), c.eps,
-                         B, self.dtype)
+        lm_head = self.embed if head["lm_head"] is head["embed"] else \
+            cupy.asarray(head["lm_head"])   # tied embeddings: one copy on the GPU
+        self.head = Head(cupy.asarray(head["final_norm"]), lm_head, c.eps, B, self.dtype)
         self.tokens, self.positions, self.seq_lens = (cupy.zeros(B, cupy.int32) for _ in "tps")
         self.x = [cupy.empty((B, c.hidden), dt) for _ in range(2)]  # ping-pong hidden states
         self._graph, self.stream = None, cupy.cuda.Stream(non_blocking=True)
@@ -118,6 +125,9 @@ class Decoder:
         Raises InputError for tokens outside the vocabulary or positions outside the KV cache.
         """
         import cupy
+        if not self.layers:
+            raise InputError("the decoder has no weights", valid="load() them first, or build "
+                             "it with Decoder.from_pretrained / Decoder.random")
         tokens, positions = self._check(tokens, positions)
         caller = cupy.cuda.get_current_stream()
         self.stream.wait_event(caller.record())  # the caller is done with the last logits
@@ -133,12 +143,15 @@ class Decoder:
         return self.head.logits
 
     def _capture(self):
-        """Run the step once eagerly (loads the kernels, fills CuPy's pool so that nothing is
-        allocated in the capture), then capture it; the capture does not execute."""
+        """Run the step once eagerly (loads the kernels), then capture it; the capture does not
+        execute. Every buffer of the step is allocated beforehand: an allocation during the
+        capture (its address would be baked into the graph and later reused) is an error."""
+        import cupy
         self._run()
         self.stream.begin_capture()
         try:
-            self._run()
+            with cupy.cuda.using_allocator(_no_allocation):
+                self._run()
         except BaseException:
             try:
                 self.stream.end_capture()
@@ -170,8 +183,7 @@ class Decoder:
         self.head.norm(b)
 
     def _check(self, tokens, positions):
-        t = np.asarray(tokens, np.int64).reshape(-1)
-        p = np.asarray(positions, np.int64).reshape(-1)
+        t, p = token_ids(tokens, "tokens"), token_ids(positions, "positions")
         if t.shape != (self.batch,) or p.shape != (self.batch,):
             raise InputError(f"{t.size} tokens and {p.size} positions",
                              valid=f"{self.batch} of each (the decoder's batch)")
@@ -181,6 +193,31 @@ class Decoder:
             raise InputError(f"positions {p.tolist()}",
                              valid=f"0 <= position < max_seq = {self.max_seq}")
         return t.astype(np.int32), p.astype(np.int32)
+
+
+def token_ids(x, what: str) -> np.ndarray:
+    """``x`` (integers: a list, numpy or CuPy array) as a flat int64 numpy array; InputError
+    for non-integers or values beyond int64."""
+    x = x.get() if hasattr(x, "get") else x
+    try:
+        a = np.asarray(x)
+        if a.dtype.kind not in "iu" and a.size:
+            raise TypeError(a.dtype)
+        return a.astype(np.int64).reshape(-1)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"{what} {x!r:.80}", valid="integers (token ids, positions)") from None
+
+
+def _positive(name: str, v) -> int:
+    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
+        raise InputError(f"{name} = {v!r}", valid=f"a positive integer {name}")
+    return int(v)
+
+
+def _no_allocation(size: int):
+    """CuPy allocator in force while a decode step is captured."""
+    raise CompileError(f"a {size}-byte allocation while capturing the decode step",
+                       valid="every buffer of the step allocated before the capture")
 
 
 def _pick(w: dict, names: list[str], *skip: str) -> dict:

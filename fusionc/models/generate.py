@@ -2,6 +2,7 @@
 decode step one token at a time, then each step's sampled token is fed back."""
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -37,14 +38,11 @@ def generate(decoder, prompt, max_new_tokens: int, sampling: Sampling = Sampling
     Raises:
         InputError: an empty prompt, too many tokens for the KV cache, ids outside the vocab.
     """
-    p = np.asarray(prompt, np.int64)
-    if p.ndim == 1:
-        p = np.broadcast_to(p, (decoder.batch, p.size))
-    if p.ndim != 2 or p.shape[0] != decoder.batch or p.shape[1] == 0:
-        raise InputError(f"prompt of shape {list(np.shape(prompt))}",
-                         valid=f"a non-empty [n] or [{decoder.batch}, n] list of token ids")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1 or \
-            p.shape[1] + max_new_tokens - 1 > decoder.max_seq:
+    if not isinstance(sampling, Sampling):
+        raise InputError(f"sampling = {sampling!r}", valid="a fusionc.models.Sampling")
+    p = _prompt(prompt, decoder.batch)
+    if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool) or \
+            max_new_tokens < 1 or p.shape[1] + max_new_tokens - 1 > decoder.max_seq:
         raise InputError(f"{p.shape[1]} prompt + {max_new_tokens} new tokens",
                          valid=f"max_new_tokens >= 1 and a total <= max_seq + 1 = "
                                f"{decoder.max_seq + 1}")
@@ -64,6 +62,20 @@ def generate(decoder, prompt, max_new_tokens: int, sampling: Sampling = Sampling
     return Generation(np.stack(out, axis=1), 1e3 * (t1 - t0),
                       1e3 * (t2 - t1) / max(1, max_new_tokens - 1),
                       kept if keep_logits else [])
+
+
+def _prompt(prompt, batch: int) -> np.ndarray:
+    """Token ids ``[batch, n]`` from ``[n]`` (shared) or ``[batch, n]``; InputError otherwise."""
+    valid = f"a non-empty [n] or [{batch}, n] list of integer token ids"
+    try:
+        p = np.asarray(prompt)
+    except ValueError:   # ragged nested lists
+        raise InputError("a ragged prompt", valid=valid) from None
+    if p.ndim == 1:
+        p = p[None, :].repeat(batch, axis=0)
+    if p.ndim != 2 or p.shape[0] != batch or p.shape[1] == 0 or p.dtype.kind not in "iu":
+        raise InputError(f"prompt {prompt!r:.80}", valid=valid)
+    return p
 
 
 def _host(logits) -> np.ndarray:

@@ -53,6 +53,8 @@ class Head:
     Args:
         final_norm: ``[hidden]``, lm_head: ``[vocab, hidden]`` device arrays of ``dtype``.
         eps: RMSNorm epsilon.
+        batch: rows of the hidden state (the decoder's batch).
+        dtype: storage dtype, f16 or bf16 (bf16 arrays hold uint16 bit patterns).
     Call ``head(x)`` with ``x [batch, hidden]``; returns the fp32 logits ``[batch, vocab]``
     buffer (overwritten by the next call).
     """

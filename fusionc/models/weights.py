@@ -22,6 +22,7 @@ from fusionc.ir.types import DType
 from fusionc.models.config import ModelConfig
 
 INDEX = "model.safetensors.index.json"
+_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 class SafetensorsWeights:
@@ -50,6 +51,9 @@ class SafetensorsWeights:
             raise InputError(f"cannot read tensor '{name}' from {path.name}: {e}",
                              valid="a complete safetensors file (re-download or re-save it)"
                              ) from None
+        if arr.dtype.name not in _FLOAT_DTYPES:
+            raise InputError(f"tensor '{name}' in {path.name} has dtype {arr.dtype.name}",
+                             valid=", ".join(_FLOAT_DTYPES))
         if tuple(arr.shape) != tuple(shape):
             raise InputError(f"tensor '{name}' in {path.name} has shape {list(arr.shape)}",
                              valid=f"{list(shape)} for this config.json")
@@ -64,11 +68,14 @@ def _weight_map(d: Path) -> dict[str, Path]:
     if index.exists():
         try:
             wmap = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
             raise InputError(f"{index} is not a shard index ({e!r})",
                              valid='JSON with a "weight_map" {tensor: file}') from None
+        if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+            raise InputError(f"{index}: weight_map is not an object of file names",
+                             valid='"weight_map": {"tensor name": "file.safetensors"}')
         return {k: d / v for k, v in wmap.items()}
-    files = sorted(d.glob("*.safetensors"))
+    files = sorted(p for p in d.glob("*.safetensors") if p.is_file())
     if not files:
         raise InputError(f"no *.safetensors in {d}", valid=f"model.safetensors or {INDEX}")
     from safetensors import safe_open
@@ -84,8 +91,8 @@ def _weight_map(d: Path) -> dict[str, Path]:
 
 
 def to_device_bits(arr: np.ndarray, dtype: str) -> np.ndarray:
-    """``arr`` (float16, bfloat16 or float32) in the device bits of ``dtype``; bits are kept
-    when the dtypes agree, otherwise values are rounded to nearest."""
+    """``arr`` (float16, bfloat16, float32 or float64) in the device bits of ``dtype``; bits are
+    kept when the dtypes agree, otherwise values are rounded to nearest."""
     from fusionc.runtime.transfer import host_to_device_bits
     if arr.dtype.name == "bfloat16":
         if dtype == "bf16":

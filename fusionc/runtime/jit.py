@@ -6,13 +6,14 @@ from __future__ import annotations
 from fusionc.ir.nodes import Module
 
 
-def jit(fn=None, /, *, max_batch: int = 8, cluster: int = 0, scheme: str = "auto",
-        kv_len: int = 4096, autotune: bool = False, name: str | None = None, **inputs):
+def jit(fn=None, /, *, name: str | None = None, **kwargs):
     """Decorator: ``@fusionc.jit`` or ``@fusionc.jit(max_batch=4, cluster=8)``.
 
     The function is traced at once (DSL errors surface at the decorator, with the DSL line);
     kernels are compiled on the first call (or by :meth:`JitGraph.compile`, which needs no GPU)
-    and reused. Options as in :func:`fusionc.compile`; ``inputs`` declare parameter types as in
+    and reused. Keyword arguments named like :func:`fusionc.compile`'s options (``max_batch``,
+    ``cluster``, ``scheme``, ``kv_len``, ``pipeline``, ``codegen``, ``autotune``) go to it
+    unchanged (its defaults apply otherwise); the others declare parameter types as in
     ``@fusionc.graph``.
 
     Returns:
@@ -20,11 +21,16 @@ def jit(fn=None, /, *, max_batch: int = 8, cluster: int = 0, scheme: str = "auto
     Raises:
         DSLError at decoration; PassError, LoweringError, CompileError at the first call.
     """
+    import inspect
+
+    from fusionc.runtime.compiled import compile as compile_
+    known = set(inspect.signature(compile_).parameters) - {"program", "graph", "progress"}
+    opts = {k: v for k, v in kwargs.items() if k in known}
+    inputs = {k: v for k, v in kwargs.items() if k not in known}
+
     def wrap(f):
         from fusionc.dsl.graph import graph
-        g = graph(f, name=name, **inputs)
-        return JitGraph(g, dict(max_batch=max_batch, cluster=cluster, scheme=scheme,
-                                kv_len=kv_len, autotune=autotune))
+        return JitGraph(graph(f, name=name, **inputs), opts)
     return wrap if fn is None else wrap(fn)
 
 

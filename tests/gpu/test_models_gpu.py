@@ -72,7 +72,7 @@ def ref_logits(model, tokens) -> np.ndarray:
 
 def test_teacher_forced_logits(case):
     name, ref, dec, native = case
-    tokens = np.random.default_rng().integers(0, dec.cfg.vocab, STEPS)
+    tokens = np.random.default_rng(0).integers(0, dec.cfg.vocab, STEPS)
     want = ref_logits(ref, tokens)
     errs = []
     for t in range(STEPS):
@@ -92,7 +92,7 @@ def test_teacher_forced_logits(case):
 def test_greedy_generation(case):
     from fusionc.models import generate
     name, ref, dec, _ = case
-    prompt = np.random.default_rng().integers(0, dec.cfg.vocab, 8)
+    prompt = np.random.default_rng(1).integers(0, dec.cfg.vocab, 8)
     gen = generate(dec, prompt, STEPS - 8)
     seq = np.concatenate([prompt, gen.tokens[0]])
     want = ref_logits(ref, seq)
@@ -121,6 +121,19 @@ def test_generate_cli(case, tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out[0].split(",")) == 16 and "ms/token" in out[1]
     record("models", "fusionc generate CLI", out[1])
+
+
+@pytest.mark.parametrize("arch,dtype", [("llama", "f16"), ("qwen3", "bf16")])
+def test_batch_rows_at_their_own_positions(arch, dtype):
+    """Batch 2 through the captured step, row 1 three positions ahead of row 0 (its own KV
+    length): the GPU Decoder against the float64 interpreter on the same random weights."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from check_decoder import compare
+    worst = compare(arch, dtype, batch=2, steps=6, phases=False, log=lambda m: None)
+    record("models", f"{arch} {dtype} batch 2, own positions", f"max err {worst:.2e}")
+    assert worst <= 1e-2
 
 
 def precompile() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from fusionc.errors import InputError
+from fusionc.errors import InputError, NumericsError
 from fusionc.interp.numerics import relative_error
 from fusionc.models import (HostDecoder, Sampling, config_from_dict, generate, load_config,
                             sample)
@@ -19,7 +19,7 @@ LLAMA31 = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_si
                num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
                num_hidden_layers=2, vocab_size=97, rms_norm_eps=1e-5, rope_theta=500000.0,
                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
                tie_word_embeddings=True, max_position_embeddings=32, torch_dtype="float16")
 QWEN3 = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=48,
              num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=80,
@@ -54,11 +54,13 @@ F32 = {"torch_dtype": "float32"}
     (QWEN3 | F32, 1, True, 1e-5)],
     ids=["llama3.1-f16", "qwen3-bf16", "llama3.1-f32", "qwen3-f32"])
 def test_teacher_forced_steps_match_float64_forward(tmp_path, raw, shards, precise, tol):
-    """f16 with every op result rounded (the interpreter's GPU semantics) and bf16 with fp32
+    """Seeded: the bf16 case's error is ~5e-3 (median over seeds) and exceeds 1e-2 for a few
+    seeds in a thousand.
+f16 with every op result rounded (the interpreter's GPU semantics) and bf16 with fp32
     inside blocks (``precise``: rounding only where the GPU stores) within 1e-2; f32 storage
     with float64 arithmetic equals the independent float64 forward up to f32 storage rounding
     (checks the graphs' structure: RoPE pairing and scaling, GQA, QK-norm, tied head)."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     tensors = write_model(tmp_path, raw, rng, shards)
     dec = HostDecoder.from_pretrained(tmp_path, batch=2, max_seq=16, precise=precise)
     cfg = dec.cfg
@@ -85,7 +87,7 @@ def test_rows_at_different_positions(tmp_path):
 
 
 def test_greedy_generation_follows_the_reference(tmp_path):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(1)
     tensors = write_model(tmp_path, LLAMA31, rng)
     dec = HostDecoder.from_pretrained(tmp_path, batch=1, max_seq=16)
     prompt = rng.integers(0, dec.cfg.vocab, 4)
@@ -102,7 +104,7 @@ def test_greedy_generation_follows_the_reference(tmp_path):
 def test_config_fields():
     c = config_from_dict(LLAMA31)
     assert (c.arch, c.head_dim, c.kv_heads, c.tie_embeddings) == ("llama", 16, 2, True)
-    assert c.rope_scaling == (8.0, 1.0, 4.0, 8.0)
+    assert c.rope_scaling == (8.0, 1.0, 4.0, 64.0)
     v5 = {k: v for k, v in LLAMA31.items() if k not in ("rope_scaling", "rope_theta")}
     v5["rope_parameters"] = LLAMA31["rope_scaling"] | {"rope_theta": 500000.0}   # transformers 5
     assert config_from_dict(v5) == c
@@ -117,10 +119,35 @@ def test_config_fields():
     ({"hidden_size": 0}, "hidden_size = 0"),
     ({"torch_dtype": "int8"}, "dtype 'int8'"),
     ({"attention_bias": True}, "attention_bias"),
+    ({"architectures": 5}, "architectures = 5"),
+    ({"rms_norm_eps": "abc"}, "rms_norm_eps = 'abc'"),
+    ({"rms_norm_eps": -1.0}, "rms_norm_eps = -1.0"),
+    ({"rope_theta": 0}, "rope_theta = 0"),
+    ({"max_position_embeddings": 1.9}, "max_position_embeddings = 1.9"),
+    ({"head_dim": 32.5}, "head_dim = 32.5"),
+    ({"head_dim": 33}, "even head_dim"),
+    ({"hidden_size": 2}, "not a multiple"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings = 'false'"),
+    ({"rope_scaling": "llama3"}, "rope_scaling = 'llama3'"),
+    ({"rope_scaling": LLAMA31["rope_scaling"] | {"factor": 0}}, "factor = 0"),
+    ({"rope_scaling": LLAMA31["rope_scaling"] | {"low_freq_factor": 4.0}}, "low_freq_factor"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
 ])
 def test_bad_configs_are_refused(change, match):
     with pytest.raises(InputError, match=match):
         config_from_dict(LLAMA31 | change)
+
+
+def test_config_that_is_not_an_object_or_a_folder(tmp_path):
+    with pytest.raises(InputError, match="a JSON object"):
+        config_from_dict([1, 2])
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(InputError, match="a JSON object"):
+        load_config(tmp_path)
+    with pytest.raises(InputError, match="not a folder"):
+        load_config(tmp_path / "config.json")
+    with pytest.raises(InputError, match="does not exist"):
+        load_config(tmp_path / "nope")
 
 
 def test_missing_folder_and_config(tmp_path):
@@ -154,6 +181,28 @@ def test_missing_tensor_wrong_shape_truncated_file(tmp_path):
         HostDecoder.from_pretrained(tmp_path, max_seq=8)
 
 
+def test_bad_weights_and_shard_index(tmp_path):
+    rng = np.random.default_rng()
+    tensors = write_model(tmp_path, QWEN3, rng)
+    bad = dict(tensors)
+    bad["model.norm.weight"] = np.ones(48, np.int8)
+    save_file(bad, tmp_path / "model.safetensors")
+    with pytest.raises(InputError, match="model.norm.weight.*dtype int8"):
+        HostDecoder.from_pretrained(tmp_path, max_seq=8)
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": [1, 2]}')
+    with pytest.raises(InputError, match="weight_map is not an object"):
+        HostDecoder.from_pretrained(tmp_path, max_seq=8)
+
+
+def test_nan_weights_are_reported_not_decoded(tmp_path):
+    tensors = write_model(tmp_path, QWEN3, np.random.default_rng())
+    tensors["model.layers.0.mlp.down_proj.weight"][0, 0] = np.nan
+    save_file(tensors, tmp_path / "model.safetensors")
+    dec = HostDecoder.from_pretrained(tmp_path, max_seq=8)
+    with pytest.raises(NumericsError, match="NaN"):
+        generate(dec, [1, 2], 2)
+
+
 def test_step_and_generate_argument_errors(tmp_path):
     write_model(tmp_path, LLAMA31, np.random.default_rng())
     dec = HostDecoder.from_pretrained(tmp_path, max_seq=8)
@@ -169,6 +218,24 @@ def test_step_and_generate_argument_errors(tmp_path):
         generate(dec, [1, 2, 3], 7)
     with pytest.raises(InputError, match="top_p"):
         Sampling(temperature=1.0, top_p=0.0)
+    for bad in ([2**70], [1.5, 2.5], ["5"], [True], [[1, 2], [3]], None):
+        with pytest.raises(InputError, match="prompt"):
+            generate(dec, bad, 2)
+    with pytest.raises(InputError, match="tokens"):
+        dec.step([1.9], [0])
+    with pytest.raises(InputError, match="sampling"):
+        generate(dec, [1], 2, None)
+    for kw in ({"temperature": float("inf")}, {"temperature": "0.5"}, {"seed": -1},
+               {"seed": 1.5}):
+        with pytest.raises(InputError):
+            Sampling(**kw)
+    with pytest.raises(InputError, match="max_position_embeddings 32"):
+        HostDecoder.from_pretrained(tmp_path, max_seq=10**12)
+    with pytest.raises(InputError, match="max_seq = 0"):
+        HostDecoder.from_pretrained(tmp_path, max_seq=0)
+    assert generate(dec, [1], np.int64(2)).tokens.shape == (1, 2)     # numpy integers are fine
+    logits = np.array([[0.0, 50.0, 49.0]], np.float32)
+    assert int(sample(logits, Sampling(1e-300), np.random.default_rng())[0]) == 1  # no NaN
 
 
 def test_sampling_top_p_and_seed():
