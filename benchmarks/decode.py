@@ -1,5 +1,7 @@
 """Benchmark: one decode step of a whole model (embedding, every layer, final norm, LM head),
-random weights — fusionc (one CUDA graph of its fused kernels) vs PyTorch eager and
+random weights — fusionc (one CUDA graph of its fused kernels, with programmatic dependent
+launch between them; ``nopdl_ms`` without it, same run, and whether both give the same logits
+bits) vs PyTorch eager and
 torch.compile of the same model, each captured in a CUDA graph, vs the HBM floor (all weights
 plus the valid KV read once, over the copy bandwidth measured in the same run):
 
@@ -31,11 +33,12 @@ MODELS = {
 }
 
 
-def decoder(cfg, batch: int, kv: int, tune: bool = False):
+def decoder(cfg, batch: int, kv: int, tune: bool = False, pdl: bool = True):
     """fusionc's Decoder for one point (compiles through the cubin cache; no weights yet);
-    ``tune``: autotune each layer graph on the GPU first (stored, reused by later runs)."""
+    ``tune``: autotune each layer graph on the GPU first (stored, reused by later runs);
+    ``pdl``: programmatic dependent launch between the layer kernels."""
     from fusionc.models import Decoder
-    return Decoder(cfg, batch=batch, max_seq=kv, kv_len=kv, autotune=tune)
+    return Decoder(cfg, batch=batch, max_seq=kv, kv_len=kv, autotune=tune, pdl=pdl)
 
 
 def compile_candidates(cfg, batch: int, kv: int) -> None:
@@ -109,18 +112,22 @@ def fill_caches(dec, kv: int, seed: int = 1) -> None:
             del vals
 
 
-def run_point(name, cfg, batch, kv, bw, weights, args) -> dict:
-    import cupy
+def fusionc_point(cfg, batch, kv, weights, args, pdl: bool):
+    """A loaded decoder with filled KV caches, its captured step run once; (decoder, logits)."""
     import numpy as np
-    import torch
-    from benchmarks import common, torch_blocks
-    dec = decoder(cfg, batch, kv, args.tune)
+    dec = decoder(cfg, batch, kv, args.tune, pdl=pdl)
     dec.load(iter(weights[0]), weights[1])
     fill_caches(dec, kv)
-    tokens = np.arange(batch) * 7 + 11
-    positions = np.full(batch, kv - 1)
-    got = dec.step(tokens, positions).copy()     # captures the step graph
+    got = dec.step(np.arange(batch) * 7 + 11, np.full(batch, kv - 1)).copy()  # captures
     dec.stream.synchronize()
+    return dec, got
+
+
+def run_point(name, cfg, batch, kv, bw, weights, args) -> dict:
+    import cupy
+    import torch
+    from benchmarks import common, torch_blocks
+    dec, got = fusionc_point(cfg, batch, kv, weights, args, pdl=False)
     step = torch_step(dec, kv)
     row = dict(model=name, batch=batch, kv=kv, floor_ms=floor_bytes(cfg, batch, kv) / bw * 1e3)
     with torch.no_grad():
@@ -135,15 +142,29 @@ def run_point(name, cfg, batch, kv, bw, weights, args) -> dict:
             cm = torch.compile(torch_blocks.mlp_block, mode=mode, dynamic=False)
             row["compile_ms"] = common.time_graph([lambda: step(ca, cm)]) * 1e3
             print(f"  torch.compile ({mode}) ready in {time.time() - t0:.0f} s", flush=True)
-    row["fusionc_ms"] = time_fusionc(dec) * 1e3
+    row["nopdl_ms"] = time_fusionc(dec) * 1e3
+    del dec, step
+    _free()
+    if args.no_pdl:
+        row["fusionc_ms"] = row["nopdl_ms"]
+    else:   # the same step with programmatic dependent launch: identical bits expected
+        dec, got_pdl = fusionc_point(cfg, batch, kv, weights, args, pdl=True)
+        row["fusionc_ms"] = time_fusionc(dec) * 1e3
+        row["pdl_same_bits"] = bool((got_pdl == got).all())
+        del dec
+        _free()
     row["x_floor"] = f"{row['fusionc_ms'] / row['floor_ms']:.2f}"
     for base in ("compile", "eager"):
         if f"{base}_ms" in row:
             row[f"vs_{base}"] = f"{row[f'{base}_ms'] / row['fusionc_ms']:.2f}x"
-    del dec, step
+    return row
+
+
+def _free() -> None:
+    import cupy
+    import torch
     cupy.get_default_memory_pool().free_all_blocks()
     torch.cuda.empty_cache()
-    return row
 
 
 def main() -> int:
@@ -155,6 +176,8 @@ def main() -> int:
                     help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--max-autotune", action="store_true")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="time fusionc without programmatic dependent launch only")
     ap.add_argument("--tune", action="store_true",
                     help="autotune fusionc's layer kernels first (with --compile-only: compile "
                          "every candidate)")
@@ -163,7 +186,8 @@ def main() -> int:
               for k in (args.kv or [1024, 8192])]
     if args.compile_only:
         for m, b, k in points:
-            decoder(MODELS[m], b, k)
+            decoder(MODELS[m], b, k, pdl=False)
+            decoder(MODELS[m], b, k, pdl=True)
             if args.tune:
                 compile_candidates(MODELS[m], b, k)
             print(f"compiled {m} batch {b} KV {k}", flush=True)
@@ -182,8 +206,8 @@ def main() -> int:
             rows.append(run_point(m, cfg, b, k, bw, weights, args))
             print(common.table(rows[-1:], list(rows[-1])), flush=True)
         del weights
-    cols = ["model", "batch", "kv", "fusionc_ms", "eager_ms", "compile_ms", "floor_ms", "x_floor",
-            "vs_compile", "vs_eager", "err"]
+    cols = ["model", "batch", "kv", "fusionc_ms", "nopdl_ms", "eager_ms", "compile_ms",
+            "floor_ms", "x_floor", "vs_compile", "vs_eager", "err", "pdl_same_bits"]
     print(common.table(rows, cols))
     return 0
 

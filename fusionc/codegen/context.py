@@ -20,10 +20,15 @@ class CodegenOptions:
         gemv_unroll: 16-byte weight loads each thread keeps in flight in gemv (2..16); 0 picks
             by the batch rows held in registers: 16 up to 4 rows, 8 up to 8, else 4 (measured
             on an H200, 2026-11-29: BENCHMARKS.md, sweep).
+        pdl: programmatic dependent launch: the kernel starts while its predecessor in the
+            stream drains, prefetches its first weight rows into L2 and waits for the
+            predecessor before anything else (``fusionc.codegen.pdl``); launched with the
+            programmatic-stream-serialization attribute.
     """
 
     delay: bool = False
     gemv_unroll: int = 0
+    pdl: bool = False
 
 
 @dataclass

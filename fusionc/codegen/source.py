@@ -46,6 +46,7 @@ class KernelSource:
     workspace_floats: int = 0
     counters: int = 0
     delay: bool = False
+    pdl: bool = False   # launch with programmatic stream serialization (fusionc.codegen.pdl)
 
     @property
     def blocks(self) -> int:

@@ -29,6 +29,8 @@ class Decoder:
         kv_len: the KV length the cost model plans the kernels for (default max_seq / 2).
         dtype: storage dtype f16 or bf16 (default the config's; f32 models run in f16).
         autotune, progress: as in :func:`fusionc.compile` (progress: callable(str)).
+        pdl: programmatic dependent launch between the layer kernels (default on): each
+            kernel prefetches its first weights while its predecessor drains.
     Load weights with :meth:`load` (or build with :meth:`from_pretrained` / :meth:`random`),
     then call :meth:`step`. Raises CompileError when a kernel cannot be built, InputError for
     invalid sizes.
@@ -38,11 +40,11 @@ class Decoder:
 
     def __init__(self, cfg: ModelConfig, *, batch: int = 1, max_seq: int | None = None,
                  kv_len: int | None = None, dtype: str | None = None, autotune: bool = False,
-                 progress=None):
+                 progress=None, pdl: bool = True):
         import fusionc
         self._setup(cfg, batch, max_seq, dtype)
         opts = dict(max_batch=batch, kv_len=kv_len or max(1, self.max_seq // 2),
-                    autotune=autotune, progress=progress)
+                    autotune=autotune, progress=progress, pdl=pdl)
         self.attention = fusionc.compile(self.module, "attention", **opts)
         self.mlp = fusionc.compile(self.module, "mlp", **opts)
 

@@ -16,7 +16,8 @@ from fusionc.runtime import arrays
 
 def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: int = 0,
             scheme: str = "auto", kv_len: int = 4096, pipeline: str | None = None,
-            codegen=None, autotune: bool = False, progress=None) -> "CompiledGraph":
+            codegen=None, autotune: bool = False, progress=None,
+            pdl: bool = False) -> "CompiledGraph":
     """Lower, fuse, generate and compile ``program`` for the GPU.
 
     Args:
@@ -31,6 +32,8 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             cluster, scheme, pipeline and codegen are left open, a stored choice for this graph
             and GPU is used; otherwise the cost model decides.
         progress: a callable(str) told about each kernel as it compiles (e.g. tqdm.write).
+        pdl: programmatic dependent launch (``CodegenOptions.pdl``): each kernel may start
+            while the previous kernel of the stream drains (decode steps of many layers).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
@@ -46,6 +49,11 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
         choice = _tuned(module[name], max_batch, kv_len, autotune)
         if choice is not None:
             cluster, scheme, codegen = choice
+    if pdl:
+        import dataclasses
+
+        from fusionc.codegen import CodegenOptions
+        codegen = dataclasses.replace(codegen or CodegenOptions(), pdl=True)
     pipeline = pipeline or (f"partition-cluster{{size={cluster},scheme={scheme},"
                             f"batch={max_batch},kv_len={kv_len},max_batch={max_batch}}},fuse")
     lowered = run_pipeline(Module((module[name],)), pipeline)

@@ -118,6 +118,11 @@ class LoadedKernel:
             a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
             a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = src.cluster, 1, 1
             attrs.append(a)
+        if src.pdl:  # may start while the previous kernel of the stream drains
+            a = cu.CUlaunchAttribute()
+            a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            a.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(a)
         if attrs:
             cfg.attrs, cfg.numAttrs = attrs, len(attrs)
         check(cu.cuLaunchKernelEx(cfg, self.function, (tuple(values), tuple(types)), 0),

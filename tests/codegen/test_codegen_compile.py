@@ -108,3 +108,15 @@ def test_every_inline_asm_is_volatile():
     src = generate_cuda(parse_module(splitk_gemv(4, 2, 64, 32, "f16")).graphs[0]).source
     assert "asm volatile(" in src
     assert not re.search(r"\basm\s*\(", src)
+
+
+def test_pdl_prologue_compiles_and_is_off_by_default():
+    """Programmatic dependent launch: successor allowed, first weight rows prefetched into L2,
+    then the wait — before the kernel touches anything the predecessor may write."""
+    k = parse_module(splitk_gemv(4, 2, 64, 32, "f16")).graphs[0]
+    assert "griddepcontrol" not in generate_cuda(k).source
+    ck = compile_kernel(k, CodegenOptions(pdl=True))
+    src = ck.source.source
+    launch, pre, wait = (src.index(s) for s in ("griddepcontrol.launch_dependents",
+                                                 "prefetch.global.L2", "griddepcontrol.wait"))
+    assert launch < pre < wait < src.index("fc_smem +") and ck.source.pdl
