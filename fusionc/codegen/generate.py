@@ -47,7 +47,7 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
     layout = _make_refs(ctx)
     body = emit_body(ctx)
     params = _params(ctx)
-    from fusionc.codegen.pdl import prologue
+    from fusionc.codegen.pdl import prologue, trigger
     name = cnames.ident("fusionc", kernel.name)
     source = render(
         "kernel.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
@@ -57,7 +57,7 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
         libs=libs.render_libs(ctx.libs, delay=options.delay), decls=ctx.decls,
         cluster_dims=1 < ctx.cluster <= 8, name=name,
         params=[p.decl for p in params] or ["void"], layout=layout, body=body,
-        pdl=prologue(ctx)) + "\n"
+        pdl=prologue(ctx), pdl_end=trigger(ctx)) + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=ctx.grid,
                         cluster=ctx.cluster, threads=ctx.threads, smem_bytes=plan.total,
                         params=tuple(params), workspace_floats=ctx.workspace.floats,

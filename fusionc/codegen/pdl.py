@@ -2,12 +2,15 @@
 "Programmatic Dependent Launch and Synchronization"; PTX ISA, ``griddepcontrol``).
 
 A kernel launched with the programmatic-stream-serialization attribute may start while the
-previous kernel of the stream is still running. Each generated kernel therefore (1) lets its own
-successor start at once (``griddepcontrol.launch_dependents``), (2) prefetches the first rows of
-its first weight tile into L2 — weights are never written by any kernel, so reading them early
-is safe —, and (3) waits until the previous kernel has completed and its writes are visible
-(``griddepcontrol.wait``) before it touches anything else. Without the attribute the two
-instructions are no-ops, so a PDL kernel is correct in any launch.
+previous kernel of the stream is still running. Each generated kernel therefore (1) prefetches
+the first rows of its first weight tile into L2 — weights are never written by any kernel, so
+reading them early is safe —, (2) waits until the previous kernel has completed and its writes
+are visible (``griddepcontrol.wait``) before it touches anything else, and (3) lets its own
+successor start once its weight stream is done: before its first ``grid_reduce`` (the
+cross-CTA tail) or at its end (``griddepcontrol.launch_dependents``). Triggering at the start
+instead was measured 20% slower on whole decode steps (the waiting successor CTAs take SMs from
+the predecessor's later waves; BENCHMARKS.md). Without the attribute the instructions are
+no-ops, so a PDL kernel is correct in any launch.
 """
 from __future__ import annotations
 
@@ -21,11 +24,18 @@ def prologue(ctx) -> str:
     """The CUDA lines of the PDL prologue for the kernel of ``ctx`` (empty without PDL)."""
     if not ctx.options.pdl:
         return ""
-    lines = ["// PDL: successor may start; prefetch weights; wait for the predecessor",
-             'asm volatile("griddepcontrol.launch_dependents;");']
+    lines = ["// PDL: prefetch weights, then wait for the predecessor"]
     lines += _prefetch(ctx)
     lines.append('asm volatile("griddepcontrol.wait;" ::: "memory");')
     return "\n  ".join(lines)
+
+
+TRIGGER = 'asm volatile("griddepcontrol.launch_dependents;");  // PDL: successor may start'
+
+
+def trigger(ctx) -> str:
+    """The successor trigger, or empty without PDL."""
+    return TRIGGER if ctx.options.pdl else ""
 
 
 def _prefetch(ctx) -> list[str]:
@@ -50,7 +60,7 @@ def _prefetch(ctx) -> list[str]:
         f"    const long long r = fc_r0 + i / {per_row};",
         f"    const long long c = fc_c0 + (long long)(i % {per_row}) * {LINE // w.itemsize};",
         f"    if (r >= 0 && r < {n_w} && c >= 0 && c < {ldw})",
-        f'      asm volatile("prefetch.global.L2::evict_last [%0];" :: "l"({w.ptr} + r * {ldw}LL + c));',
+        f'      asm volatile("prefetch.global.L2 [%0];" :: "l"({w.ptr} + r * {ldw}LL + c));',
         "  }",
         "}",
     ]

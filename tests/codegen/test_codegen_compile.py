@@ -111,12 +111,13 @@ def test_every_inline_asm_is_volatile():
 
 
 def test_pdl_prologue_compiles_and_is_off_by_default():
-    """Programmatic dependent launch: successor allowed, first weight rows prefetched into L2,
-    then the wait — before the kernel touches anything the predecessor may write."""
+    """Programmatic dependent launch: first weight rows prefetched into L2, then the wait —
+    before the kernel touches anything the predecessor may write —, the successor trigger
+    after the body."""
     k = parse_module(splitk_gemv(4, 2, 64, 32, "f16")).graphs[0]
     assert "griddepcontrol" not in generate_cuda(k).source
     ck = compile_kernel(k, CodegenOptions(pdl=True))
     src = ck.source.source
-    launch, pre, wait = (src.index(s) for s in ("griddepcontrol.launch_dependents",
-                                                 "prefetch.global.L2", "griddepcontrol.wait"))
-    assert launch < pre < wait < src.index("fc_smem +") and ck.source.pdl
+    pre, wait, launch = (src.index(s) for s in ("prefetch.global.L2", "griddepcontrol.wait",
+                                                 "griddepcontrol.launch_dependents"))
+    assert pre < wait < src.index("fc_smem +") < launch and ck.source.pdl
