@@ -29,8 +29,8 @@ class Decoder:
         kv_len: the KV length the cost model plans the kernels for (default max_seq / 2).
         dtype: storage dtype f16 or bf16 (default the config's; f32 models run in f16).
         autotune, progress: as in :func:`fusionc.compile` (progress: callable(str)).
-        pdl: programmatic dependent launch between the layer kernels (default on): each
-            kernel prefetches its first weights while its predecessor drains.
+        pdl: programmatic dependent launch between the layer kernels (off by default: measured
+            neutral on whole decode steps, BENCHMARKS.md).
     Load weights with :meth:`load` (or build with :meth:`from_pretrained` / :meth:`random`),
     then call :meth:`step`. Raises CompileError when a kernel cannot be built, InputError for
     invalid sizes.
@@ -40,7 +40,7 @@ class Decoder:
 
     def __init__(self, cfg: ModelConfig, *, batch: int = 1, max_seq: int | None = None,
                  kv_len: int | None = None, dtype: str | None = None, autotune: bool = False,
-                 progress=None, pdl: bool = True):
+                 progress=None, pdl: bool = False):
         import fusionc
         self._setup(cfg, batch, max_seq, dtype)
         opts = dict(max_batch=batch, kv_len=kv_len or max(1, self.max_seq // 2),
@@ -83,6 +83,9 @@ class Decoder:
         """Random weights (generated on the GPU for :class:`Decoder`; benchmarks and tests)."""
         from fusionc.models.weights import random_head, random_layer
         dec = cls(cfg, **kw)
+        if dec.array_module() is not np:
+            from fusionc.runtime.arrays import require_gpu
+            require_gpu()
         xp = dec.array_module()
         dec.load((random_layer(cfg, i, dec.dtype, xp, seed) for i in range(cfg.layers)),
                  random_head(cfg, dec.dtype, xp, seed))
@@ -99,9 +102,11 @@ class Decoder:
         :func:`fusionc.models.weights.layer_weights`) and the embedding/head weights; allocate
         the KV caches and step buffers."""
         import cupy
-        from fusionc.models.head import Head
-        from fusionc.runtime.arrays import _CUPY
+
         from fusionc.ir.types import DType
+        from fusionc.models.head import Head
+        from fusionc.runtime.arrays import _CUPY, require_gpu
+        require_gpu()
         c, B, dt = self.cfg, self.batch, _CUPY[DType(self.dtype)]
         cache = (B, self.max_seq, c.kv_heads, c.head_dim)
         self.layers = []

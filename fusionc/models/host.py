@@ -26,7 +26,7 @@ class HostDecoder(Decoder):
 
     def __init__(self, cfg: ModelConfig, *, batch: int = 1, max_seq: int | None = None,
                  kv_len: int | None = None, dtype: str | None = None, autotune: bool = False,
-                 progress=None, pdl: bool = True, precise: bool = False):
+                 progress=None, pdl: bool = False, precise: bool = False):
         del kv_len, autotune, progress, pdl  # nothing is compiled on the CPU
         self._setup(cfg, batch, max_seq, dtype)
         self.precise = precise
