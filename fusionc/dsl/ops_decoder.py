@@ -91,11 +91,15 @@ def decode_attention(q: Tracer, k_cache: Tracer, v_cache: Tracer, seq_lens: Trac
     return emit("decode_attention", (q, k_cache, v_cache, seq_lens), {"scale": scale}, name)[0]
 
 
-def all_reduce(x: Tracer, group: int, *, name: str | None = None) -> Tracer:
+def all_reduce(x: Tracer, group: int, scope: str = "nvlink", *,
+               name: str | None = None) -> Tracer:
     """Sum of x over the ``group`` ranks of a tensor-parallel group; every rank gets the sum.
 
     Used after a row-parallel linear layer (Shoeybi et al. 2019, "Megatron-LM", §3): each rank
     holds a partial product, the all-reduce completes it. Accumulated in fp32, rounded to the
-    dtype of x. x: any shape, float dtype. Returns the same type.
+    dtype of x. x: any shape, float dtype. Returns the same type. ``scope``: ``"nvlink"`` (the
+    GPUs of one node, peer-to-peer) or ``"nccl"`` (beyond one node). Followed by a residual add
+    and an RMSNorm, the pass ``fuse-allreduce-norm`` turns the three into one
+    ``all_reduce_add_rms_norm``.
     """
-    return emit("all_reduce", (x,), {"group": group}, name)[0]
+    return emit("all_reduce", (x,), {"group": group, "scope": scope}, name)[0]

@@ -287,7 +287,18 @@ def _attention(c: GraphCtx) -> None:
 
 @op_builder("all_reduce")
 def _all_reduce(c: GraphCtx) -> None:
-    c.emit("all_reduce", [c.float_value()], {"group": c.draw(st.sampled_from((1, 2, 4, 8)))})
+    c.emit("all_reduce", [c.float_value()], {"group": c.draw(st.sampled_from((1, 2, 4, 8))),
+                                              "scope": c.draw(st.sampled_from(("nvlink", "nccl")))})
+
+
+@op_builder("all_reduce_add_rms_norm")
+def _all_reduce_add_rms_norm(c: GraphCtx) -> None:
+    x = c.float_value(min_rank=1)
+    res = c.value(x.type)
+    w = c.value(TensorType(x.type.dtype, (x.type.shape[-1],)))
+    c.emit("all_reduce_add_rms_norm", [x, res, w],
+           {"group": c.draw(st.sampled_from((1, 2, 4, 8))), "eps": c.draw(pos_floats),
+            "scope": c.draw(st.sampled_from(("nvlink", "nccl")))})
 
 
 # ----------------------------------------------------------------------------------------------

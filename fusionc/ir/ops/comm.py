@@ -1,14 +1,26 @@
-"""Tensor-parallel communication: all_reduce.
+"""Tensor-parallel communication: all_reduce, and all_reduce fused with the residual add and
+RMSNorm that follow it.
 
-y = Σ_r x_r over the ``group`` ranks of a tensor-parallel group; every rank receives the sum
-(accumulated in fp32, rounded to the dtype of x). Groups are consecutive ranks
-``[group·k, group·k + group)``; the interpreter sums in rank order.
+all_reduce: y = Σ_r x_r over the ``group`` ranks of a tensor-parallel group; every rank receives
+the sum (accumulated in fp32, rounded to the dtype of x). Groups are consecutive ranks
+``[group·k, group·k + group)``; the interpreter sums in rank order. ``scope`` says how the ranks
+are connected: ``nvlink`` (GPUs of one node, peer-to-peer loads and stores over NVLink) or
+``nccl`` (beyond one node, through NCCL).
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
+from fusionc.interp.numerics import round_to
 from fusionc.ir.ops.common import io_cost
-from fusionc.ir.registry import FLOAT_DTYPES_TEXT, POS_INT, OpDef, attr, fail, register
+from fusionc.ir.ops.norm import rms_norm_values
+from fusionc.ir.registry import (FLOAT, FLOAT_DTYPES_TEXT, POS_INT, OpDef, attr, enum, fail,
+                                 register, same_dtype)
 from fusionc.ir.types import FLOAT_DTYPES
+
+SCOPE = enum("nvlink", "nccl")
 
 
 def _infer(op):
@@ -28,5 +40,69 @@ def _run(op, args, ctx):
 
 
 register(OpDef("all_reduce", __doc__, ("x",),
-               (attr("group", POS_INT, doc="number of ranks in the tensor-parallel group"),),
+               (attr("group", POS_INT, doc="number of ranks in the tensor-parallel group"),
+                attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl")),
                _infer, interpret=_run, cost=io_cost))
+
+
+_FUSED_DOC = """all_reduce_add_rms_norm: ``h = all_reduce(x) + residual``, ``y = rms_norm(h) · weight``,
+as one collective (TokenWeave: Gond, Kwatra, Ramjee 2025, arXiv 2505.11329: the all-reduce split into its
+reduce-scatter and all-gather halves, with the residual add and the RMSNorm applied between them
+on each rank's shard of the tokens only).
+
+Algorithm, over the ``group`` ranks of x's group, for x and residual ``[T, D]``: the T rows are
+cut into ``group`` contiguous shards of ceil(T / group) rows (the last ones shorter or empty);
+rank r (1) reduce-scatters: sums shard r over the ranks in rank order in fp32 and rounds to the
+dtype; (2) adds the residual rows of shard r (rounded) and normalizes them (fp32, rounded);
+(3) all-gathers: every rank receives every shard of h and y. Shard r uses rank r's residual
+and weight, so the residual and the weight must be replicated (equal on every rank), as they
+are in tensor parallelism. The roundings are those of the unfused ``all_reduce → add →
+rms_norm``, so both forms give the same bits, and every rank receives the same bits.
+Results: ``(y, h)``, each ``[T, D]`` in the dtype of x.
+"""
+
+
+def _infer_fused(op):
+    x, res, w = (v.type for v in op.operands)
+    same_dtype(op, x, res, w)
+    if x.dtype not in FLOAT_DTYPES or x.rank < 1:
+        fail(op, f"x has type {x}", f"[..., D] of {FLOAT_DTYPES_TEXT}")
+    if res.shape != x.shape:
+        fail(op, f"residual {res} does not match x {x}", f"residual of type {x}")
+    if w.rank != 1 or w.shape[0] != x.shape[-1]:
+        fail(op, f"weight {w} does not match the last axis of x {x}", f"[{x.shape[-1]}]")
+    if not 0 <= op.attr("eps") < math.inf:
+        fail(op, f"eps = {op.attr('eps')}", "a finite eps >= 0")
+    return (x, x)
+
+
+def token_shards(tokens: int, group: int) -> list[slice]:
+    """The ``group`` contiguous row shards of ``tokens`` rows: ceil(tokens / group) rows each,
+    the last ones shorter or empty."""
+    per = -(-tokens // group)
+    return [slice(min(r * per, tokens), min((r + 1) * per, tokens)) for r in range(group)]
+
+
+def _run_fused(op, args, ctx):
+    """Reduce-scatter, per-shard add + RMSNorm, all-gather (see the op's documentation)."""
+    group, dt = op.attr("group"), op.operands[0].type.dtype
+    xs, res, ws = (ctx.group_values(v, group, op) for v in op.operands)
+    rnd = (lambda a: a) if ctx.precise else (lambda a: round_to(a, dt))  # noqa: E731
+    rows = xs[0].reshape(-1, xs[0].shape[-1]).shape[0]
+    flat = [x.reshape(rows, -1) for x in xs]
+    h, y = np.empty_like(flat[0], ctx.acc), np.empty_like(flat[0], ctx.acc)
+    for r, shard in enumerate(token_shards(rows, group)):  # shard r, computed by rank r
+        s = flat[0][shard].astype(ctx.acc)
+        for x in flat[1:]:
+            s = s + x[shard].astype(ctx.acc)
+        h[shard] = rnd(rnd(s) + res[r].reshape(rows, -1)[shard].astype(ctx.acc))
+        y[shard] = rms_norm_values(h[shard], ws[r], op.attr("eps"), ctx.acc)
+    shape = xs[0].shape
+    return y.reshape(shape), h.reshape(shape)
+
+
+register(OpDef("all_reduce_add_rms_norm", _FUSED_DOC, ("x", "residual", "weight"),
+               (attr("group", POS_INT, doc="number of ranks in the tensor-parallel group"),
+                attr("eps", FLOAT, doc="RMSNorm epsilon"),
+                attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl")),
+               _infer_fused, interpret=_run_fused, cost=io_cost))

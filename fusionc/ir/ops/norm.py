@@ -42,13 +42,19 @@ def _infer(op):
     return (x,)
 
 
-def _run(op, args, ctx):
-    """y = (x · r) · w with r = 1 / sqrt(mean(x²) + eps), all in ``ctx.acc``."""
-    x, w = (a.astype(ctx.acc) for a in args)
+def rms_norm_values(x: np.ndarray, w: np.ndarray, eps: float, acc) -> np.ndarray:
+    """y = (x · r) · w with r = 1 / sqrt(mean(x²) + eps) over the last axis, all in ``acc``
+    (the interpreter's rule; also used by fused ops that end in an RMSNorm)."""
+    x, w = x.astype(acc), w.astype(acc)
     ms = np.mean(x * x, axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
-        r = 1 / np.sqrt(ms + ctx.acc.type(op.attr("eps")))
-    return ((x * r) * w,)
+        r = 1 / np.sqrt(ms + np.dtype(acc).type(eps))
+    return (x * r) * w
+
+
+def _run(op, args, ctx):
+    """:func:`rms_norm_values` in ``ctx.acc``."""
+    return (rms_norm_values(args[0], args[1], op.attr("eps"), ctx.acc),)
 
 
 register(

@@ -1,0 +1,78 @@
+"""Pass ``fuse-allreduce-norm``: ``all_reduce → add(residual) → rms_norm`` becomes one
+``all_reduce_add_rms_norm`` (TokenWeave's reordering: reduce-scatter, then the residual add and
+the RMSNorm on each rank's token shard only, then all-gather; ``fusionc.ir.ops.comm``).
+
+Matched: ``%s = all_reduce(%x) {group, scope}``; ``%h = add(%s, %r)`` (either operand order)
+whose operands have the same type; ``%y = rms_norm(%h, %w) {eps}`` over the last axis. ``%s``
+must have no other use (its value disappears); ``%h`` may (it is the fused op's second result).
+An all_reduce not followed by that pattern stays as it is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusionc.ir.nodes import Graph, Module, Op, Value
+from fusionc.passes.base import Pass, register_pass
+
+
+@register_pass
+@dataclass(frozen=True)
+class FuseAllReduceNorm(Pass):
+    """See the module docstring."""
+
+    name = "fuse-allreduce-norm"
+
+    def run(self, module: Module) -> Module:
+        return Module(tuple(self.rewrite(g) if g.kind == "graph" else g for g in module.graphs))
+
+    def rewrite(self, g: Graph) -> Graph:
+        """``g`` with every matched all_reduce → add → rms_norm chain fused."""
+        users = _users(g)
+        body, dropped = list(g.body), set()
+        for ar in g.body:
+            m = _match(ar, users, g.outputs)
+            if m is None:
+                continue
+            add, norm, residual = m
+            at = body.index(add)
+            if not _defined_before(norm.operands[1], g, body[:at]):
+                continue   # the norm weight is computed after the add: leave the chain alone
+            body[at] = Op("all_reduce_add_rms_norm", (norm.result, add.result),
+                          (ar.operands[0], residual, norm.operands[1]),
+                          (("group", ar.attr("group")), ("eps", norm.attr("eps")),
+                           ("scope", ar.attr("scope"))), loc=ar.loc)
+            dropped.update({id(ar), id(norm)})
+        return g.replace(body=tuple(op for op in body if id(op) not in dropped))
+
+
+def _defined_before(v: Value, g: Graph, ops: list[Op]) -> bool:
+    return any(p.name == v.name for p in g.params) or \
+        any(r.name == v.name for op in ops for r in op.results)
+
+
+def _users(g: Graph) -> dict[str, list[Op]]:
+    out: dict[str, list[Op]] = {}
+    for op in g.body:
+        for v in op.operands:
+            out.setdefault(v.name, []).append(op)
+    return out
+
+
+def _match(ar: Op, users: dict, outputs: tuple[Value, ...]):
+    """(add, rms_norm, residual) following all_reduce ``ar``, or None."""
+    if ar.name != "all_reduce":
+        return None
+    s = ar.result
+    uses = users.get(s.name, [])
+    if len(uses) != 1 or uses[0].name != "add" or any(o.name == s.name for o in outputs):
+        return None
+    add = uses[0]
+    a, b = add.operands
+    residual = b if a.name == s.name else a
+    if residual.name == s.name or residual.type != s.type:
+        return None
+    norms = [u for u in users.get(add.result.name, []) if u.name == "rms_norm"
+             and u.operands[0].name == add.result.name]
+    if len(norms) != 1:
+        return None
+    return add, norms[0], residual
