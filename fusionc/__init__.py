@@ -16,7 +16,8 @@ from fusionc import errors  # noqa: E402,F401
 _DSL_NAMES = frozenset({
     "graph", "module", "trace", "load_file", "add", "cast", "linear", "merge_heads", "mul",
     "reshape", "rms_norm", "silu", "silu_mul", "split", "split_heads", "all_reduce",
-    "decode_attention", "kv_cache_append", "rope", "ElemType", "Tensor", "bf16", "dtype", "f16",
+    "decode_attention", "kv_cache_append", "rope", "head_linear", "latent_cache_append",
+    "mla_decode_attention", "ElemType", "Tensor", "bf16", "dtype", "f16",
     "f32", "f64", "i32", "i64", "Tracer"})
 
 

@@ -8,11 +8,13 @@ from fusionc.dsl import load_file
 from fusionc.ir import parse_module, print_module
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-ALL = ["llama2_7b.py", "llama3_8b.py", "qwen3_qk_norm.py", "tp2_mlp.py"]
+ALL = ["llama2_7b.py", "llama3_8b.py", "qwen3_qk_norm.py", "tp2_mlp.py", "deepseek_v2_lite.py"]
 SMALL = {"llama2_7b.py": dict(hidden=64, heads=2, head_dim=32, intermediate=96, max_seq=16),
          "llama3_8b.py": dict(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96),
          "qwen3_qk_norm.py": dict(hidden=48, heads=4, kv_heads=2, head_dim=16, intermediate=64),
-         "tp2_mlp.py": dict(hidden=64, intermediate=96, tp=4)}
+         "tp2_mlp.py": dict(hidden=64, intermediate=96, tp=4),
+         "deepseek_v2_lite.py": dict(hidden=64, heads=4, qk_nope=16, qk_rope=8, v_head=12,
+                                     kv_lora=32, max_seq=16)}
 
 
 def run_cli(capsys, *argv):
@@ -25,7 +27,8 @@ def run_cli(capsys, *argv):
 @pytest.mark.parametrize("small", [False, True])
 def test_round_trip(name, small):
     m = load_file(EXAMPLES / name, **(SMALL[name] if small else {}))
-    expected = {"tp2_mlp.py": ("mlp",)}.get(name, ("attention", "mlp"))
+    expected = {"tp2_mlp.py": ("mlp",), "deepseek_v2_lite.py": ("attention",)}.get(
+        name, ("attention", "mlp"))
     assert m.names == expected
     text = print_module(m)
     assert parse_module(text) == m
@@ -42,6 +45,9 @@ def test_default_sizes_are_the_models():
     assert str(q.params[5].type) == "bf16[2560, 4096]"          # heads·head_dim ≠ hidden
     tp = load_file(EXAMPLES / "tp2_mlp.py")["mlp"]
     assert [op.name for op in tp.body][-2:] == ["all_reduce", "add"]
+    mla = load_file(EXAMPLES / "deepseek_v2_lite.py")["attention"]
+    types = {p.name: str(p.type) for p in mla.params}
+    assert types["cache"] == "bf16[B, 4096, 576]" and types["w_uk_t"] == "bf16[16, 512, 128]"
 
 
 @pytest.mark.parametrize("name", ALL)

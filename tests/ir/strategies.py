@@ -335,3 +335,31 @@ def modules(draw, kinds: tuple[str, ...] = ("graph",), max_graphs: int = 3, **kw
     names = draw(st.lists(symbol_names, min_size=1, max_size=max_graphs, unique=True))
     return Module(tuple(draw(graphs(name=n, kind=draw(st.sampled_from(kinds)), **kw))
                         for n in names))
+
+
+@op_builder("head_linear")
+def _head_linear(c: GraphCtx) -> None:
+    x = c.float_value(min_rank=3, max_rank=3)
+    c.emit("head_linear", [x, c.value(TensorType(x.type.dtype, (x.type.shape[1], c.dim(),
+                                                                 x.type.shape[2])))])
+
+
+@op_builder("latent_cache_append")
+def _latent_cache_append(c: GraphCtx) -> None:
+    dt, b, lat, rope = c.float_dtype(), c.dim(), c.draw(st.integers(1, 64)), c.draw(
+        st.integers(1, 16))
+    cache = c.value(TensorType(dt, (b, c.dim(), lat + rope)))
+    c.emit("latent_cache_append", [cache, c.value(TensorType(dt, (b, lat))),
+                                   c.value(TensorType(dt, (b, rope))),
+                                   c.value(TensorType(DType.i32, (b,)))])
+
+
+@op_builder("mla_decode_attention")
+def _mla_decode_attention(c: GraphCtx) -> None:
+    dt, b, h, lat, rope = (c.float_dtype(), c.dim(), c.dim(), c.draw(st.integers(1, 64)),
+                           c.draw(st.integers(1, 16)))
+    c.emit("mla_decode_attention", [c.value(TensorType(dt, (b, h, lat))),
+                                    c.value(TensorType(dt, (b, h, rope))),
+                                    c.value(TensorType(dt, (b, c.dim(), lat + rope))),
+                                    c.value(TensorType(DType.i32, (b,)))],
+           {"scale": c.draw(pos_floats)})

@@ -34,7 +34,7 @@ def _check_caches(op, kc, vc):
         fail(op, f"caches have dtype {kc.dtype}", FLOAT_DTYPES_TEXT)
 
 
-def _check_index(op, t, what, batch):
+def check_index(op, t, what, batch):
     if t.dtype != DType.i32 or t.shape != (batch,):
         fail(op, f"{what} has type {t}", f"i32[{batch}]")
 
@@ -47,7 +47,7 @@ def _append(op):
     if k != v or k.shape != want:
         fail(op, f"k {k} and v {v} do not match the caches {kc}",
              f"k, v of shape [{', '.join(map(str, want))}]")
-    _check_index(op, pos, "positions", kc.shape[0])
+    check_index(op, pos, "positions", kc.shape[0])
     return (kc, vc)
 
 
@@ -65,13 +65,13 @@ def _attention(op):
     if not isinstance(h, int) or not isinstance(hkv, int) or h % hkv:
         fail(op, f"num_kv_heads = {hkv} does not divide num_heads = {h}",
              "num_heads a multiple of num_kv_heads (MHA: equal; GQA: a whole group per KV head)")
-    _check_index(op, lens, "seq_lens", b)
+    check_index(op, lens, "seq_lens", b)
     if not 0 < op.attr("scale") < math.inf:
         fail(op, f"scale = {op.attr('scale')}", "a finite scale > 0, usually 1/sqrt(head_dim)")
     return (q,)
 
 
-def _out_of_range(op, what, idx, limit, hi_ok):
+def out_of_range(op, what, idx, limit, hi_ok):
     """InputError unless 0 <= idx[b] < limit (<= limit when ``hi_ok``) for every row b."""
     bad = (idx < 0) | ((idx > limit) if hi_ok else (idx >= limit))
     if bad.any():
@@ -82,7 +82,7 @@ def _out_of_range(op, what, idx, limit, hi_ok):
 
 def _run_append(op, args, ctx):
     kc, vc, k, v, pos = args
-    _out_of_range(op, "positions", pos, kc.shape[1], hi_ok=False)
+    out_of_range(op, "positions", pos, kc.shape[1], hi_ok=False)
     rows = np.arange(kc.shape[0])
     kc, vc = kc.copy(), vc.copy()
     kc[rows, pos] = k
@@ -93,7 +93,7 @@ def _run_append(op, args, ctx):
 def _run_attention(op, args, ctx):
     """Per row: softmax over the first seq_lens[b] cached tokens, GQA by head groups."""
     q, kc, vc, lens = args
-    _out_of_range(op, "seq_lens", lens, kc.shape[1], hi_ok=True)
+    out_of_range(op, "seq_lens", lens, kc.shape[1], hi_ok=True)
     b_, h, d = q.shape
     hkv = kc.shape[2]
     out = np.zeros((b_, h, d), ctx.acc)
