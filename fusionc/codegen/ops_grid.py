@@ -37,7 +37,8 @@ def emit_grid_reduce(op, ctx) -> str:
     unflat, coords = tiles.unflatten("i", tiles.shape_c(t.shape), "t")
     g = [f"(o{k} + {c})" for k, c in enumerate(coords)]
     from fusionc.codegen.pdl import trigger
-    return trigger(ctx) + "\n" + ctx.render(
+    pdl = trigger(ctx)
+    return (pdl + "\n" if pdl else "") + ctx.render(
         "ops/grid_reduce.cu.j2", ws_base=ws_base, slot=slot, tab=tab, n=t.numel, src=t.ptr,
         scratch=ctx.scratch(op), ctr_base=ctr_base, offs=[cnames.affine(a) for a in
                                                           op.attr("offsets")],
