@@ -7,6 +7,8 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from fusionc.errors import InputError, NumericsError
@@ -247,3 +249,32 @@ def test_sampling_top_p_and_seed():
     a = [int(sample(logits, Sampling(1.0), Sampling(1.0, seed=5).rng())[0]) for _ in range(3)]
     assert len(set(a)) == 1                        # same seed, same draw
     assert int(sample(logits, Sampling(), rng)[0]) == 0   # greedy
+
+
+@settings(max_examples=12, deadline=None)
+@given(arch=st.sampled_from(["llama", "qwen3"]), kv_heads=st.sampled_from([1, 2, 4]),
+       group=st.sampled_from([1, 2]), head_dim=st.sampled_from([8, 16]),
+       tied=st.booleans(), scaled=st.booleans(), seed=st.integers(0, 2**16))
+def test_random_configs_match_the_float64_forward(arch, kv_heads, group, head_dim, tied, scaled,
+                                                  seed):
+    """Any supported combination (architecture, GQA ratio, head_dim ≠ hidden/heads, tied head,
+    Llama 3.1 scaling): f32 storage with float64 arithmetic equals the independent forward."""
+    import tempfile
+    from pathlib import Path
+    heads = kv_heads * group
+    raw = dict(architectures=["LlamaForCausalLM" if arch == "llama" else "Qwen3ForCausalLM"],
+               hidden_size=32, num_attention_heads=heads, num_key_value_heads=kv_heads,
+               head_dim=head_dim, intermediate_size=48, num_hidden_layers=2, vocab_size=50,
+               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied,
+               max_position_embeddings=16, torch_dtype="float32")
+    if scaled:
+        raw["rope_scaling"] = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 2.0, "original_max_position_embeddings": 16}
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory() as d:
+        tensors = write_model(Path(d), raw, rng)
+        dec = HostDecoder.from_pretrained(d, max_seq=8, precise=True)
+        toks = rng.integers(0, 50, 5)
+        ref = reference.forward(tensors, dec.cfg, toks)
+        for t in range(5):
+            assert relative_error(dec.step(toks[t:t + 1], [t])[0], ref[t]) <= 1e-5, t
