@@ -101,15 +101,13 @@ def time_fusionc(dec, reps: int = 30) -> float:
 def fill_caches(dec, kv: int, seed: int = 1) -> None:
     """Random K and V for the first ``kv`` positions of every row and layer."""
     import cupy
+    from fusionc.models.weights import float32_to_bits
     rs = cupy.random.RandomState(seed)
     for w in dec.layers:
         for k in ("k_cache", "v_cache"):
             c = w[k]
-            vals = rs.standard_normal(c[:, :kv].shape, dtype=cupy.float32)
-            c[:, :kv] = vals.astype(cupy.float16) if dec.dtype == "f16" else \
-                ((vals.view(cupy.uint32) + 0x7FFF + ((vals.view(cupy.uint32) >> 16) & 1))
-                 >> 16).astype(cupy.uint16)
-            del vals
+            c[:, :kv] = float32_to_bits(rs.standard_normal(c[:, :kv].shape, dtype=cupy.float32),
+                                        dec.dtype, cupy)
 
 
 def fusionc_point(cfg, batch, kv, weights, args, pdl: bool):

@@ -152,18 +152,21 @@ def random_layer(cfg: ModelConfig, i: int, dtype: str, xp=np, seed: int = 0) -> 
               "w_down": (cfg.hidden, cfg.intermediate)}
     if cfg.qk_norm:
         shapes["q_norm"] = shapes["k_norm"] = (cfg.head_dim,)
-    return {k: _bits(_normal(xp, (seed, i, j), s) * (0.1 if len(s) == 1 else 0.02)
-                     + (1.0 if len(s) == 1 else 0.0), dtype, xp)
-            for j, (k, s) in enumerate(shapes.items())}
+
+    def one(j, s):
+        vec = len(s) == 1   # norm weights near 1, projections near 0
+        return float32_to_bits(_normal(xp, (seed, i, j), s) * (0.1 if vec else 0.02)
+                               + (1.0 if vec else 0.0), dtype, xp)
+    return {k: one(j, s) for j, (k, s) in enumerate(shapes.items())}
 
 
 def random_head(cfg: ModelConfig, dtype: str, xp=np, seed: int = 0) -> dict:
     """Random ``embed``, ``final_norm`` and ``lm_head`` (tied when the config says so)."""
     vh = (cfg.vocab, cfg.hidden)
-    embed = _bits(_normal(xp, (seed, -1, 0), vh) * 0.02, dtype, xp)
-    head = embed if cfg.tie_embeddings else _bits(_normal(xp, (seed, -1, 1), vh) * 0.02,
-                                                  dtype, xp)
-    norm = _bits(1.0 + 0.1 * _normal(xp, (seed, -1, 2), (cfg.hidden,)), dtype, xp)
+    embed = float32_to_bits(_normal(xp, (seed, -1, 0), vh) * 0.02, dtype, xp)
+    head = embed if cfg.tie_embeddings else \
+        float32_to_bits(_normal(xp, (seed, -1, 1), vh) * 0.02, dtype, xp)
+    norm = float32_to_bits(1.0 + 0.1 * _normal(xp, (seed, -1, 2), (cfg.hidden,)), dtype, xp)
     return {"embed": embed, "final_norm": norm, "lm_head": head}
 
 
@@ -175,8 +178,9 @@ def _normal(xp, key: tuple, shape):
     return xp.random.RandomState(seed).standard_normal(shape, dtype=xp.float32)
 
 
-def _bits(x, dtype: str, xp):
-    """float32 ``x`` in the device bits of ``dtype`` (bf16: round to nearest even)."""
+def float32_to_bits(x, dtype: str, xp=np):
+    """float32 ``x`` (numpy or CuPy, ``xp``) in the device bits of ``dtype`` (f16, bf16 as
+    uint16 rounded to nearest even, f32), computed where ``x`` lives."""
     x = x.astype(xp.float32)
     if dtype == "bf16":
         u = x.view(xp.uint32)

@@ -45,10 +45,10 @@ register(OpDef("all_reduce", __doc__, ("x",),
                _infer, interpret=_run, cost=io_cost))
 
 
-_FUSED_DOC = """all_reduce_add_rms_norm: ``h = all_reduce(x) + residual``, ``y = rms_norm(h) · weight``,
-as one collective (TokenWeave: Gond, Kwatra, Ramjee 2025, arXiv 2505.11329: the all-reduce split into its
-reduce-scatter and all-gather halves, with the residual add and the RMSNorm applied between them
-on each rank's shard of the tokens only).
+_FUSED_DOC = """all_reduce_add_rms_norm: ``h = all_reduce(x) + residual``,
+``y = rms_norm(h) · weight``, as one collective (TokenWeave: Gond, Kwatra, Ramjee 2025,
+arXiv 2505.11329: the all-reduce split into its reduce-scatter and all-gather halves, with the
+residual add and the RMSNorm applied between them on each rank's shard of the tokens only).
 
 Algorithm, over the ``group`` ranks of x's group, for x and residual ``[T, D]``: the T rows are
 cut into ``group`` contiguous shards of ceil(T / group) rows (the last ones shorter or empty);
