@@ -50,6 +50,9 @@ def compile_main(args) -> int:
     from fusionc.commands.ir import load, parse_sizes
     from fusionc.ir import Module, print_module
     from fusionc.passes import run_pipeline
+    from fusionc.passes.pipeline import default_pipeline
+    from fusionc.comm.kernel import compile_spec
+    from fusionc.comm.kernel import render as render_comm
     from fusionc.errors import DSLError
     from fusionc.runtime.compiled import check_launches_only
     module = load(args.source, parse_sizes(args.sizes))
@@ -61,8 +64,7 @@ def compile_main(args) -> int:
                                              if g.kind == "graph") or "a file with a graph")
     out = make_out_dir(args.out)
     lowered_input = any(g.kind == "kernel" for g in module.graphs)
-    pipeline = args.passes or (f"partition-cluster{{size={args.cluster},scheme={args.scheme},"
-                               f"max_batch={args.max_batch}}},fuse")
+    pipeline = args.passes or default_pipeline(args.cluster, args.scheme, args.max_batch)
     for g in graphs:
         stage = [0]
 
@@ -81,6 +83,12 @@ def compile_main(args) -> int:
             (out / f"{k.name}.cu").write_text(ck.source.source)
             (out / f"{k.name}.cubin").write_bytes(ck.cubin)
             print(ck.report())
+        for spec in comm_specs(lowered[g.name]):   # the collectives' kernels (both algorithms)
+            result, _ = compile_spec(spec)
+            (out / f"{spec.name}.cu").write_text(render_comm(spec))
+            (out / f"{spec.name}.cubin").write_bytes(result.cubin)
+            print(f"{spec.name}: {spec.threads} threads, {result.kernels[spec.name].registers} "
+                  "registers (all_reduce over NVLink peer-to-peer)")
         if not args.no_check and not lowered_input:
             print(simulator_check(g, lowered))
     print(f"wrote {out}/")
@@ -121,13 +129,32 @@ def simulator_check(g, lowered, batch: int = 2, seed: int = 0) -> str:
     from fusionc.sim import simulate
     rng = np.random.default_rng(seed)
     args = random_inputs(g, batch, rng)
-    ref = interpret(g, args)
-    got = simulate(lowered, args, graph=g.name)
+    groups = [op.attr("group") for op in g.body if op.name.startswith("all_reduce")]
+    if groups:   # tensor parallelism: every simulated rank gets the same inputs
+        ranks = [args] * max(groups)
+        ref, got = interpret(g, ranks)[0], simulate(lowered, ranks, graph=g.name)[0]
+    else:
+        ref, got = interpret(g, args), simulate(lowered, args, graph=g.name)
     errs = [defined_relative_error(a, r) for a, r in zip(got, ref)]
     ok = all(e <= 1e-2 for e in errs)
     return (f"simulator check @{g.name} (batch {batch}): "
             + ", ".join(f"{v.name} {e:.1e}" for v, e in zip(g.outputs, errs))
             + (" ok" if ok else " FAILED"))
+
+
+def comm_specs(host) -> list:
+    """The all-reduce kernels (one-shot and two-shot) that the collectives of lowered host
+    graph ``host`` launch (:mod:`fusionc.comm.kernel`)."""
+    from fusionc.comm.kernel import spec_for
+    from fusionc.runtime.comm_ops import COMM_OPS
+    out = []
+    for op in host.body:
+        if op.name in COMM_OPS:
+            t = op.operands[0].type
+            for two in (False, True):
+                out.append(spec_for(op.attr("group"), t.shape[-1], t.dtype.value,
+                                    op.name != "all_reduce", op.name.endswith("norm"), two))
+    return list(dict.fromkeys(out))
 
 
 def random_inputs(g, batch: int, rng, max_len: int = 37) -> dict:

@@ -73,10 +73,16 @@ def run_graph(g, args) -> tuple[str, bool]:
     from fusionc.interp import interpret
     from fusionc.runtime.transfer import download
     from fusionc.runtime.arrays import require_gpu
-    fn = fusionc.compile(g, max_batch=args.batch, cluster=args.cluster, kv_len=args.kv_len)
+    comm, group = _communicator(g)
+    fn = fusionc.compile(g, max_batch=args.batch, cluster=args.cluster, kv_len=args.kv_len,
+                         comm=comm)
     require_gpu()
-    inputs = random_inputs(g, args.batch, np.random.default_rng(), max_len=args.kv_len)
-    ref = interpret(g, inputs, precise=True)
+    seed = np.random.SeedSequence().entropy % 2**32
+    if comm is not None:   # the ranks share the seed: replicated inputs stay replicated
+        seed = comm.group.all_gather(seed)[0]
+    inputs = random_inputs(g, args.batch, np.random.default_rng(seed), max_len=args.kv_len)
+    ref = interpret(g, inputs, precise=True) if comm is None else \
+        interpret(g, [inputs] * group, precise=True)[comm.rank]
     dev = _upload(g, inputs)
     outs = fn(**dev)
     errs = [defined_relative_error(download(o, v.type.dtype), r)
@@ -88,6 +94,23 @@ def run_graph(g, args) -> tuple[str, bool]:
     return (f"@{g.name}: batch {args.batch}, KV <= {args.kv_len}: "
             + ", ".join(f"{v.name} err {e:.1e}" for v, e in zip(g.outputs, errs))
             + f" {'ok' if ok else 'FAILED'}; {us:.1f} µs per call; kernels {kernels}"), ok
+
+
+def _communicator(g):
+    """(Communicator, group) for a graph with tensor-parallel collectives, else (None, 1)."""
+    groups = {op.attr("group") for op in g.body if op.name.startswith("all_reduce")}
+    if not groups:
+        return None, 1
+    import os
+
+    from fusionc.comm import Communicator
+    from fusionc.errors import InputError
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if groups != {world}:
+        raise InputError(f"@{g.name} all-reduces over {sorted(groups)} ranks but "
+                         f"WORLD_SIZE = {world}", op="run",
+                         valid=f"fusionc launch -n {max(groups)} -- python3 -m fusionc run ...")
+    return Communicator(), world
 
 
 def _upload(g, inputs):

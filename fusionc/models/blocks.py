@@ -99,3 +99,58 @@ def layer_module(cfg, max_seq: int, dtype: str | None = None) -> Module:
                         rope_scaling=cfg.rope_scaling),
         mlp_block(hidden=cfg.hidden, intermediate=cfg.intermediate, eps=cfg.eps,
                   dtype=dtype or cfg.dtype))
+
+
+def tp_layer_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                   intermediate: int, tp: int, max_seq: int, eps: float, theta: float,
+                   dtype: str, rope_scaling=()) -> Module:
+    """Graph ``@layer``: one rank's shard of a whole decoder layer under tensor parallelism
+    ``tp`` (Megatron-LM, Shoeybi et al. 2019, §3): column-parallel QKV (this rank's
+    ``heads/tp`` query heads and ``kv_heads/tp`` KV heads) and gate/up (``intermediate/tp``
+    rows each), row-parallel O and down projections whose partial sums ``all_reduce`` adds.
+
+    ``h = x + all_reduce(o_proj)`` followed by the MLP's RMSNorm is the pattern pass
+    ``fuse-allreduce-norm`` turns into one ``all_reduce_add_rms_norm``; the layer's end
+    ``h + all_reduce(down)`` becomes ``all_reduce_add``.
+
+    Weights of rank r: ``w_qkv`` = [q rows of r; k rows of r; v rows of r] of the full fused QKV,
+    ``w_o`` = columns of r's heads, ``w_gate_up`` = [gate rows of r; up rows of r], ``w_down`` =
+    columns of r's intermediate slice; norms replicated. Returns the new hidden state and this
+    rank's KV caches ``[B, max_seq, kv_heads/tp, head_dim]``.
+
+    Raises:
+        ValueError: heads, kv_heads or intermediate not divisible by tp.
+    """
+    for name, n in (("heads", heads), ("kv_heads", kv_heads), ("intermediate", intermediate)):
+        if n % tp:
+            raise ValueError(f"{name} = {n} is not a multiple of tp = {tp}")
+    T = fc.dtype(dtype)
+    hq, hkv, ish = heads // tp, kv_heads // tp, intermediate // tp
+    q_size, kv_size = hq * head_dim, hkv * head_dim
+    cache = T["B", max_seq, hkv, head_dim]
+
+    @fc.graph
+    def layer(x: T["B", hidden], attn_norm: T[hidden], w_qkv: T[q_size + 2 * kv_size, hidden],
+              w_o: T[hidden, q_size], k_cache: cache, v_cache: cache, positions: fc.i32["B"],
+              seq_lens: fc.i32["B"], mlp_norm: T[hidden], w_gate_up: T[2 * ish, hidden],
+              w_down: T[hidden, ish]):
+        h0 = fc.rms_norm(x, attn_norm, eps, name="h0")
+        q, k, v = fc.split(fc.linear(h0, w_qkv, name="qkv"), [q_size, kv_size, kv_size],
+                           name=("q", "k", "v"))
+        q = fc.rope(fc.split_heads(q, hq, name="q_heads"), positions, theta,
+                    scaling=rope_scaling, name="q_rot")
+        k = fc.rope(fc.split_heads(k, hkv, name="k_heads"), positions, theta,
+                    scaling=rope_scaling, name="k_rot")
+        k_cache, v_cache = fc.kv_cache_append(k_cache, v_cache, k,
+                                              fc.split_heads(v, hkv, name="v_heads"), positions)
+        o = fc.decode_attention(q, k_cache, v_cache, seq_lens, 1 / math.sqrt(head_dim),
+                                name="o")
+        attn = fc.linear(fc.merge_heads(o, name="o_flat"), w_o, name="o_partial")
+        h = x + fc.all_reduce(attn, tp, name="o_sum")
+        y = fc.rms_norm(h, mlp_norm, eps, name="y")
+        gate, up = fc.split(fc.linear(y, w_gate_up, name="gate_up"), [ish, ish],
+                            name=("gate", "up"))
+        down = fc.linear(fc.silu_mul(gate, up, name="act"), w_down, name="down_partial")
+        return h + fc.all_reduce(down, tp, name="down_sum"), k_cache, v_cache
+
+    return layer

@@ -5,7 +5,9 @@ the RMSNorm on each rank's token shard only, then all-gather; ``fusionc.ir.ops.c
 Matched: ``%s = all_reduce(%x) {group, scope}``; ``%h = add(%s, %r)`` (either operand order)
 whose operands have the same type; ``%y = rms_norm(%h, %w) {eps}`` over the last axis. ``%s``
 must have no other use (its value disappears); ``%h`` may (it is the fused op's second result).
-An all_reduce not followed by that pattern stays as it is.
+When no such rms_norm follows (or its weight is computed after the add), ``all_reduce → add``
+alone becomes ``all_reduce_add`` (the residual add fused into the collective); an all_reduce
+whose sum has another use stays as it is.
 """
 from __future__ import annotations
 
@@ -35,12 +37,15 @@ class FuseAllReduceNorm(Pass):
                 continue
             add, norm, residual = m
             at = body.index(add)
-            if not _defined_before(norm.operands[1], g, body[:at]):
-                continue   # the norm weight is computed after the add: leave the chain alone
+            comm = (("group", ar.attr("group")), ("scope", ar.attr("scope")))
+            if norm is None or not _defined_before(norm.operands[1], g, body[:at]):
+                body[at] = Op("all_reduce_add", (add.result,), (ar.operands[0], residual),
+                              comm, loc=ar.loc)
+                dropped.add(id(ar))
+                continue
             body[at] = Op("all_reduce_add_rms_norm", (norm.result, add.result),
                           (ar.operands[0], residual, norm.operands[1]),
-                          (("group", ar.attr("group")), ("eps", norm.attr("eps")),
-                           ("scope", ar.attr("scope"))), loc=ar.loc)
+                          (comm[0], ("eps", norm.attr("eps")), comm[1]), loc=ar.loc)
             dropped.update({id(ar), id(norm)})
         return g.replace(body=tuple(op for op in body if id(op) not in dropped))
 
@@ -59,7 +64,7 @@ def _users(g: Graph) -> dict[str, list[Op]]:
 
 
 def _match(ar: Op, users: dict, outputs: tuple[Value, ...]):
-    """(add, rms_norm, residual) following all_reduce ``ar``, or None."""
+    """(add, rms_norm or None, residual) following all_reduce ``ar``, or None."""
     if ar.name != "all_reduce":
         return None
     s = ar.result
@@ -73,6 +78,4 @@ def _match(ar: Op, users: dict, outputs: tuple[Value, ...]):
         return None
     norms = [u for u in users.get(add.result.name, []) if u.name == "rms_norm"
              and u.operands[0].name == add.result.name]
-    if len(norms) != 1:
-        return None
-    return add, norms[0], residual
+    return add, (norms[0] if len(norms) == 1 else None), residual

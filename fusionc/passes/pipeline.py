@@ -20,7 +20,18 @@ from fusionc.ir.printer import print_module
 from fusionc.ir.verifier import verify_module
 from fusionc.passes.base import PASSES, Pass
 
-DEFAULT_PIPELINE = "partition-cluster,fuse"
+DEFAULT_PIPELINE = "fuse-allreduce-norm,partition-cluster,fuse"
+
+
+def default_pipeline(cluster: int = 0, scheme: str = "auto", max_batch: int = 8,
+                     kv_len: int | None = None) -> str:
+    """The pipeline of ``fusionc.compile`` and ``fusionc compile``: fuse the tensor-parallel
+    collectives with their residual add and RMSNorm, partition the blocks over clusters
+    (``cluster`` 0: the cost model's size), fuse launches."""
+    plan = f"size={cluster},scheme={scheme}"
+    if kv_len is not None:
+        plan += f",batch={max_batch},kv_len={kv_len}"
+    return f"fuse-allreduce-norm,partition-cluster{{{plan},max_batch={max_batch}}},fuse"
 
 _GRAMMAR = r"""
 start: step ("," step)*

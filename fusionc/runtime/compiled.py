@@ -17,7 +17,7 @@ from fusionc.runtime import arrays
 def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: int = 0,
             scheme: str = "auto", kv_len: int = 4096, pipeline: str | None = None,
             codegen=None, autotune: bool = False, progress=None,
-            pdl: bool = False) -> "CompiledGraph":
+            pdl: bool = False, comm=None) -> "CompiledGraph":
     """Lower, fuse, generate and compile ``program`` for the GPU.
 
     Args:
@@ -34,6 +34,8 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
         progress: a callable(str) told about each kernel as it compiles (e.g. tqdm.write).
         pdl: programmatic dependent launch (``CodegenOptions.pdl``): each kernel may start
             while the previous kernel of the stream drains (decode steps of many layers).
+        comm: a :class:`fusionc.comm.Communicator` for graphs with tensor-parallel collectives
+            (``all_reduce`` and its fused forms); it can also be given later (``.comm = ...``).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
@@ -42,6 +44,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     """
     from fusionc.codegen.compile import compile_kernel
     from fusionc.passes import run_pipeline
+    from fusionc.passes.pipeline import default_pipeline
     _check_options(program, max_batch, kv_len, cluster)
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
@@ -54,8 +57,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
 
         from fusionc.codegen import CodegenOptions
         codegen = dataclasses.replace(codegen or CodegenOptions(), pdl=True)
-    pipeline = pipeline or (f"partition-cluster{{size={cluster},scheme={scheme},"
-                            f"batch={max_batch},kv_len={kv_len},max_batch={max_batch}}},fuse")
+    pipeline = pipeline or default_pipeline(cluster, scheme, max_batch, kv_len)
     lowered = run_pipeline(Module((module[name],)), pipeline)
     host = lowered[name]
     check_launches_only(host)
@@ -65,7 +67,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             if progress:
                 progress(f"compiling {g.name}")
             kernels[g.name] = compile_kernel(g, codegen)
-    return CompiledGraph(lowered, host, kernels, max_batch)
+    return CompiledGraph(lowered, host, kernels, max_batch, comm)
 
 
 def _check_options(program, max_batch, kv_len, cluster) -> None:
@@ -93,12 +95,15 @@ def _tuned(g: Graph, max_batch: int, kv_len: int, search: bool):
 
 
 def check_launches_only(host: Graph) -> None:
-    """CompileError unless every op of the lowered host graph is a kernel launch."""
+    """CompileError unless every op of the lowered host graph is a kernel launch or a
+    tensor-parallel collective (:data:`fusionc.runtime.comm_ops.COMM_OPS`)."""
+    from fusionc.runtime.comm_ops import COMM_OPS
     for op in host.body:
-        if op.name != "launch":
+        if op.name != "launch" and op.name not in COMM_OPS:
             raise CompileError("op is not part of a fused kernel; the GPU runtime runs only "
-                               "launches", op=op.name, loc=op.loc,
-                               valid="attention and MLP blocks (other ops: later passes)")
+                               "launches and collectives", op=op.name, loc=op.loc,
+                               valid="attention and MLP blocks, all_reduce (+ add (+ "
+                                     "rms_norm)); other ops: later passes")
     if not host.body:
         raise CompileError("the graph has no attention or MLP block to compile", op=host.name,
                            loc=host.loc, valid="a graph with decode_attention or silu_mul")
@@ -118,8 +123,9 @@ class CompiledGraph:
     """A compiled graph: call it with the graph's inputs (by name or in order); returns the
     graph's outputs in order (torch tensors for torch inputs, else CuPy arrays)."""
 
-    def __init__(self, module: Module, host: Graph, kernels: dict, max_batch: int):
+    def __init__(self, module: Module, host: Graph, kernels: dict, max_batch: int, comm=None):
         self.module, self.host, self.kernels, self.max_batch = module, host, kernels, max_batch
+        self.comm = comm
         self._loaded = {}
 
     @property
@@ -154,6 +160,10 @@ class CompiledGraph:
         objs = dict(given)
         stream = arrays.current_stream(torch_mode)
         for op in self.host.body:
+            if op.name != "launch":
+                from fusionc.runtime.comm_ops import run_comm_op
+                run_comm_op(self, op, views, objs, env, torch_mode, outputs, stream)
+                continue
             k = self.module[op.attr("kernel").name]
             if k.name not in self._loaded:
                 self._loaded[k.name] = LoadedKernel(self.kernels[k.name])

@@ -126,26 +126,36 @@ def _check_exit(cta: CTA) -> None:
                 valid="a cluster_barrier() after the last collective, before any CTA exits")
 
 
-def simulate(module: Module, inputs: dict[str, np.ndarray], graph: str | None = None,
-             env: dict[str, int] | None = None) -> tuple[np.ndarray, ...]:
+def simulate(module: Module, inputs, graph: str | None = None,
+             env: dict[str, int] | None = None):
     """Run graph ``graph`` of ``module`` (default: its first graph): graph ops through their
     interpreter rules (fp32, rounded to each result dtype), ``launch`` ops through
-    :func:`simulate_kernel`. Returns the graph's outputs in order."""
+    :func:`simulate_kernel`. Returns the graph's outputs in order.
+
+    Several ranks (tensor parallelism): ``inputs`` is a list of dicts, one per simulated rank;
+    the ranks run in lockstep, op by op, so the collectives (``all_reduce`` and its fused forms)
+    see every rank's operands; returns one tuple of outputs per rank.
+    """
     g = module[graph] if graph else next(x for x in module.graphs if x.kind == "graph")
-    values, env_b = bind_inputs(g, inputs)
-    env = {**env_b, **(env or {})}
-    ctx = Context(0, [values], env, False)
+    many = not isinstance(inputs, dict)
+    bound = [bind_inputs(g, i) for i in (inputs if many else [inputs])]
+    values = [v for v, _ in bound]
+    env = {**bound[0][1], **(env or {})}
     for op in g.body:
-        args = [values[v.name] for v in op.operands]
-        if op.name == "launch":
-            outs = _launch(module[op.attr("kernel").name], args, env)
-        else:
+        results = []
+        for r, vals in enumerate(values):
+            args = [vals[v.name] for v in op.operands]
+            if op.name == "launch":
+                results.append(_launch(module[op.attr("kernel").name], args, env))
+                continue
             if lookup(op.name).interpret is None:
                 raise SimulationError("op has no interpreter rule", op=op.name, loc=op.loc)
-            outs = _interpret_op(op, args, ctx)
-        for v, x in zip(op.results, outs):
-            values[v.name] = x
-    return tuple(values[v.name] for v in g.outputs)
+            results.append(_interpret_op(op, args, Context(r, values, env, False)))
+        for vals, outs in zip(values, results):   # results join once every rank ran the op
+            for v, x in zip(op.results, outs):
+                vals[v.name] = x
+    outs = [tuple(vals[v.name] for v in g.outputs) for vals in values]
+    return outs if many else outs[0]
 
 
 def _interpret_op(op: Op, args: list, ctx) -> tuple:

@@ -71,9 +71,24 @@ def test_other_uses_and_lone_all_reduce_are_left_alone():
     assert "all_reduce(" in print_module(run_pipeline(used_twice, "fuse-allreduce-norm"))
 
     @fc.graph
-    def lone(x: T["B", 64], residual: T["B", 64]):
-        return residual + fc.all_reduce(x, 2)
+    def lone(x: T["B", 64]):
+        return fc.all_reduce(x, 2) * x
     assert run_pipeline(lone, "fuse-allreduce-norm") == lone
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("tokens", [1, 37, 1025])
+def test_all_reduce_then_add_becomes_all_reduce_add(ranks, tokens):
+    @fc.graph
+    def tail(x: T["B", 64], residual: T["B", 64]):
+        return residual + fc.all_reduce(x, ranks, name="s")
+    fused = run_pipeline(tail, "fuse-allreduce-norm")
+    filecheck(print_module(fused), f"CHECK: all_reduce_add(%x, %residual) {{group = {ranks}, "
+                                   "scope = nvlink}\nCHECK-NOT: add(")
+    assert parse_module(print_module(fused)) == fused
+    ins = [{k: v for k, v in d.items() if k != "w"} for d in rank_inputs(ranks, tokens)]
+    for want, got in zip(fc.interpret(tail, ins), fc.interpret(fused, ins)):
+        assert np.array_equal(want[0].view(np.uint16), got[0].view(np.uint16))
 
 
 def test_the_fused_op_checks_its_operands():

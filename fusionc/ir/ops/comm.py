@@ -45,6 +45,39 @@ register(OpDef("all_reduce", __doc__, ("x",),
                _infer, interpret=_run, cost=io_cost))
 
 
+_ADD_DOC = """all_reduce_add: ``h = all_reduce(x) + residual`` as one collective (the residual add
+done while the sum is formed; made by pass ``fuse-allreduce-norm`` from an all_reduce whose sole
+use is an add and whose sum is not normalized next). Roundings as the unfused ops: the sum in
+fp32 in rank order rounded to the dtype, then the add rounded. ``residual`` must be replicated.
+Result: h, the type of x.
+"""
+
+
+def _infer_add(op):
+    x, res = (v.type for v in op.operands)
+    same_dtype(op, x, res)
+    if x.dtype not in FLOAT_DTYPES or x.rank < 1:
+        fail(op, f"x has type {x}", f"[..., D] of {FLOAT_DTYPES_TEXT}")
+    if res.shape != x.shape:
+        fail(op, f"residual {res} does not match x {x}", f"residual of type {x}")
+    return (x,)
+
+
+def _run_add(op, args, ctx):
+    """The sum over the group in rank order, rounded, plus this rank's residual."""
+    (total,) = _run(op, args, ctx)
+    if ctx.precise:
+        return (total + args[1].astype(ctx.acc),)
+    dt = op.operands[0].type.dtype
+    return (round_to(round_to(total, dt).astype(ctx.acc) + args[1].astype(ctx.acc), dt),)
+
+
+register(OpDef("all_reduce_add", _ADD_DOC, ("x", "residual"),
+               (attr("group", POS_INT, doc="number of ranks in the tensor-parallel group"),
+                attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl")),
+               _infer_add, interpret=_run_add, cost=io_cost))
+
+
 _FUSED_DOC = """all_reduce_add_rms_norm: ``h = all_reduce(x) + residual``,
 ``y = rms_norm(h) · weight``, as one collective (TokenWeave: Gond, Kwatra, Ramjee 2025,
 arXiv 2505.11329: the all-reduce split into its reduce-scatter and all-gather halves, with the

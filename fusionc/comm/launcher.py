@@ -1,0 +1,76 @@
+"""Start one process per GPU (``fusionc launch``): torchrun's environment variables, NVLink
+multicast off, rank-prefixed output, and every rank stopped when one fails."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from fusionc.errors import InputError
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def free_port() -> int:
+    """A TCP port that is free now on 127.0.0.1 (and, very likely, the one above it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int, base: dict | None = None) -> dict:
+    """The environment of rank ``rank``: torchrun's variables and multicast off."""
+    env = dict(os.environ if base is None else base)
+    env.update(SAFE_ENV)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+               LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return env
+
+
+def launch(cmd: list[str], nproc: int, port: int = 0, timeout: float | None = None) -> int:
+    """Run ``cmd`` on ``nproc`` ranks; returns the first non-zero exit status, else 0.
+
+    Raises:
+        InputError: no command given.
+    """
+    if not cmd:
+        raise InputError("no command to launch", op="launch",
+                         valid="fusionc launch -n 2 -- python3 script.py")
+    port = port or free_port()
+    procs = [subprocess.Popen(cmd, env=rank_env(r, nproc, port), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, bufsize=1)
+             for r in range(nproc)]
+    pumps = [threading.Thread(target=_pump, args=(r, p), daemon=True)
+             for r, p in enumerate(procs)]
+    for t in pumps:
+        t.start()
+    status, start = 0, time.monotonic()
+    while [p.poll() for p in procs].count(None):
+        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        late = timeout is not None and time.monotonic() - start > timeout
+        if failed or late:
+            status = failed[0] if failed else 124
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            break
+        time.sleep(0.05)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for t in pumps:
+        t.join(timeout=5)
+    return status or next((p.returncode for p in procs if p.returncode), 0)
+
+
+def _pump(rank: int, p: subprocess.Popen) -> None:
+    for line in p.stdout:
+        sys.stdout.write(f"[rank {rank}] {line}")
+        sys.stdout.flush()

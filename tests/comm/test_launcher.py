@@ -1,0 +1,71 @@
+"""``fusionc launch`` and process groups, on the CPU: torchrun's variables, multicast off, the
+object exchange between ranks, a failing rank stopping the others, and clear errors for a bad
+environment."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fusionc.comm.group import Group
+from fusionc.comm.launcher import SAFE_ENV, launch, rank_env
+from fusionc.errors import InputError
+
+
+def _fusionc(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "fusionc", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_rank_environment():
+    env = rank_env(1, 2, 29500, base={})
+    assert env["RANK"] == env["LOCAL_RANK"] == "1" and env["WORLD_SIZE"] == "2"
+    assert env["MASTER_PORT"] == "29500"
+    for k, v in SAFE_ENV.items():
+        assert env[k] == v
+    assert SAFE_ENV["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_ranks_exchange_objects():
+    code = ("from fusionc.comm.group import Group; g = Group.from_env(); "
+            "print('got', g.all_gather((g.rank, 'x' * g.rank))); g.barrier(); g.close()")
+    p = _fusionc("launch", "-n", "3", "--", sys.executable, "-c", code)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(3):
+        assert f"[rank {r}] got [(0, ''), (1, 'x'), (2, 'xx')]" in p.stdout
+
+
+def test_a_failing_rank_stops_the_others():
+    code = ("import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(7)\n"
+            "time.sleep(60)")
+    p = _fusionc("launch", "-n", "2", "--", sys.executable, "-c", code, timeout=30)
+    assert p.returncode == 7
+
+
+def test_no_command_is_an_error():
+    with pytest.raises(InputError, match="no command"):
+        launch([], 2)
+    p = _fusionc("launch", "-n", "2")
+    assert p.returncode == 1 and "fusionc: " in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"WORLD_SIZE": "two"}, "not an integer"),
+    ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK < WORLD_SIZE"),
+    ({"WORLD_SIZE": "2", "RANK": "0"}, "MASTER_PORT"),
+])
+def test_bad_environment(monkeypatch, env, match):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "FUSIONC_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(InputError, match=match):
+        Group.from_env()
+
+
+def test_a_single_process_group_needs_no_connection(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    g = Group.from_env()
+    assert (g.rank, g.world) == (0, 1) and g.all_gather("a") == ["a"]
+    assert os.environ.get("WORLD_SIZE") is None

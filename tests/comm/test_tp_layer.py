@@ -1,0 +1,63 @@
+"""The TP layer graph (examples/tp2_llama_layer.py) on 2 and 4 simulated ranks with sharded
+weights equals the single-GPU attention + MLP graphs; the pipeline turns its collectives into
+all_reduce_add_rms_norm and all_reduce_add between the two fused kernels."""
+import numpy as np
+import pytest
+
+import fusionc as fc
+from fusionc.commands.compile import random_inputs
+from fusionc.ir import print_module
+from fusionc.models.blocks import attention_block, mlp_block, tp_layer_block
+from fusionc.models.tp import shard_layer
+from fusionc.passes import run_pipeline
+from tests.filecheck import filecheck
+
+SIZES = dict(hidden=128, heads=4, kv_heads=4, head_dim=32, intermediate=256)
+
+
+def _full(rng, batch, sizes):
+    common = dict(max_seq=16, eps=1e-5, theta=10000.0, dtype="f16")
+    att = attention_block(hidden=sizes["hidden"], heads=sizes["heads"],
+                          kv_heads=sizes["kv_heads"], head_dim=sizes["head_dim"], **common)
+    mlp = mlp_block(hidden=sizes["hidden"], intermediate=sizes["intermediate"], eps=1e-5,
+                    dtype="f16")
+    return att, mlp, random_inputs(att.graphs[0], batch, rng, max_len=16), \
+        random_inputs(mlp.graphs[0], batch, rng)
+
+
+@pytest.mark.parametrize("tp,kv_heads", [(2, 4), (2, 2), (4, 4)])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_sharded_layer_equals_single_gpu_layer(tp, kv_heads, batch):
+    sizes = dict(SIZES, kv_heads=kv_heads)
+    rng = np.random.default_rng(tp * 10 + batch)
+    att, mlp, ai, mi = _full(rng, batch, sizes)
+    h, kc, vc = fc.interpret(att, ai, precise=True)   # float64, no rounding
+    (want,) = fc.interpret(mlp, dict(mi, x=h), precise=True)
+    layer = tp_layer_block(tp=tp, max_seq=16, eps=1e-5, theta=10000.0, dtype="f16", **sizes)
+    ins = [shard_layer(ai, mi, r, tp, **{k: v for k, v in sizes.items() if k != "hidden"})
+           for r in range(tp)]
+    fused = run_pipeline(layer, "fuse-allreduce-norm")
+    hkv = kv_heads // tp
+    for g in (layer, fused):
+        outs = fc.interpret(g, ins, precise=True)
+        for r, (out, kr, vr) in enumerate(outs):
+            # the reference rounds h to f16 where it enters @mlp as an input: ~5e-4
+            assert np.linalg.norm(out - want) / np.linalg.norm(want) < 3e-3
+            assert np.array_equal(kr, kc[:, :, r * hkv:(r + 1) * hkv], equal_nan=True)
+            assert np.array_equal(vr, vc[:, :, r * hkv:(r + 1) * hkv], equal_nan=True)
+
+
+def test_pipeline_puts_the_collectives_between_the_two_kernels():
+    layer = tp_layer_block(tp=2, max_seq=16, eps=1e-5, theta=10000.0, dtype="f16", **SIZES)
+    out = run_pipeline(layer, "fuse-allreduce-norm,partition-cluster{size=2,scheme=auto,"
+                              "batch=4,kv_len=16,max_batch=4},fuse")
+    filecheck(print_module(fc.ir.Module((out["layer"],))),
+              "CHECK: launch(%x,\nCHECK-SAME: {kernel = @layer_k0}\n"
+              "CHECK-NEXT: all_reduce_add_rms_norm(%o_partial, %x, %mlp_norm) {group = 2\n"
+              "CHECK-NEXT: launch(%y,\nCHECK-NEXT: all_reduce_add(%down_partial,")
+
+
+def test_sizes_not_divisible_by_tp_are_refused():
+    with pytest.raises(ValueError, match="kv_heads = 2 is not a multiple of tp = 4"):
+        tp_layer_block(tp=4, max_seq=16, eps=1e-5, theta=1e4, dtype="f16",
+                       **dict(SIZES, kv_heads=2))
