@@ -4,7 +4,8 @@
 
 Columns, µs per call (CUDA graph of ``--calls`` calls, replayed ``--reps`` times; median replay
 time / calls; rank 0's clock; both ranks interlock on every call): NCCL all-reduce alone; NCCL
-all-reduce + add + RMSNorm as separate PyTorch ops (the baseline of issue 9); fusionc one-shot
+all-reduce + add + RMSNorm as separate PyTorch ops (the baseline of issue 9: Hugging Face's
+LlamaRMSNorm in fp32; ``unfused_F`` uses torch's rms_norm instead); fusionc one-shot
 and two-shot at each CTA count; the best fusionc; its speedup over the baseline; the
 peer-bandwidth floor = bytes each rank receives over NVLink (T · D · 2 for two ranks) / the peer
 copy bandwidth measured in the same run (both GPUs copying into each other at once, as during an
@@ -64,8 +65,8 @@ def peer_bandwidth(comm, nbytes: int = 64 << 20) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", default="1,8,32,128,512,2048,8192")
-    ap.add_argument("--ctas", default="8,16,32")
+    ap.add_argument("--tokens", default="1,8,32,128,512,1024,2048,4096,8192")
+    ap.add_argument("--ctas", default="16,32,64,128")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", help="write the rows here (rank 0)")
@@ -95,12 +96,18 @@ def main() -> int:
             buf.copy_(x)
             dist.all_reduce(buf)
 
-        def unfused():
+        def unfused():   # Hugging Face's LlamaRMSNorm after the all-reduce and the add
             nccl()
-            hh = buf + res
-            return F.rms_norm(hh, (D,), w, 1e-5)
+            hs = (buf + res).float()
+            hs = hs * torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + 1e-5)
+            return w * hs.to(torch.float16)
+
+        def unfused_fn():   # the same with PyTorch's own rms_norm
+            nccl()
+            return F.rms_norm(buf + res, (D,), w, 1e-5)
         row = {"tokens": T, "bytes": T * D * 2, "nccl": time_calls(nccl, args.calls, args.reps),
-               "unfused": time_calls(unfused, args.calls, args.reps)}
+               "unfused": time_calls(unfused, args.calls, args.reps),
+               "unfused_F": time_calls(unfused_fn, args.calls, args.reps)}
         for c, comm in comms.items():
             for algo in ("oneshot", "twoshot"):
                 row[f"{algo}@{c}"] = time_calls(
@@ -115,7 +122,7 @@ def main() -> int:
     if rank == 0:
         print(f"peer copy bandwidth (both directions at once), per GPU received: {bw / 1e9:.0f} "
               "GB/s; µs per call")
-        cols = ["tokens", "nccl", "unfused"] + [k for k in rows[0] if "@" in k] + \
+        cols = ["tokens", "nccl", "unfused", "unfused_F"] + [k for k in rows[0] if "@" in k] + \
             ["best", "speedup", "floor", "x_floor"]
         print(" | ".join(cols))
         for r in rows:

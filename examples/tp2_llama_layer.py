@@ -7,11 +7,13 @@ projection, ``h = x + all_reduce(o)`` and the MLP's RMSNorm become one
 layer ends with ``all_reduce_add``. The collectives run over NVLink peer-to-peer between the
 ranks' GPUs (``fusionc.comm``).
 
-    fusionc ir examples/tp2_llama_layer.py -p fuse-allreduce-norm
+    fusionc ir examples/tp2_llama_layer.py --passes fuse-allreduce-norm
+    fusionc compile examples/tp2_llama_layer.py -o out/     # kernels, collectives, simulator
     fusionc launch -n 2 -- python3 -m fusionc run examples/tp2_llama_layer.py --batch 4
 
-Run as a script under ``fusionc launch`` it checks the two-rank decode step against the
-single-GPU layer (``fusionc.models.blocks`` attention + MLP graphs) on random weights.
+``scripts/tp2_check.py`` checks the two-rank decode step against the single-GPU layer
+(``fusionc.models.blocks`` attention + MLP graphs) with weights sharded by
+``fusionc.models.tp.shard_layer``.
 """
 import fusionc as fc
 from fusionc.ir import Module
@@ -28,10 +30,5 @@ def build(hidden: int = 4096, heads: int = 32, kv_heads: int = 32, head_dim: int
 
 
 if __name__ == "__main__":
-    import os
-    import sys
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from fusionc.comm.tp_check import main
-        sys.exit(main(build))
     from fusionc.ir import print_module
     print(print_module(build()), end="")

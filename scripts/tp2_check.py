@@ -80,35 +80,34 @@ def check_variants(comm, report, quick):
     import torch.distributed as dist
     tokens = [1, 3, 37, 128, 1000, 2048] + ([] if quick else [8191, 8192])
     errs, hashes = {}, {}
-    for dtype in ("f16", "bf16"):
-        for T in tokens:
-            x, res, w, xs, rn, wn = inputs(T, dtype, comm.rank, comm.world, seed=T)
-            ref_y, ref_h = f64_reference(xs, rn, wn, 1e-5)
-            nccl = x.clone()
-            dist.all_reduce(nccl)
-            nccl_h = to_np(nccl).astype(np.float64) + rn.astype(np.float64)
-            nccl_y = nccl_h / np.sqrt(np.mean(nccl_h ** 2, -1, keepdims=True) + 1e-5) * wn
-            for algo in ("oneshot", "twoshot"):
-                for kind in ("ar", "add", "norm"):
-                    oy = torch.full_like(x, float("nan"))
-                    oh = torch.full_like(x, float("nan"))
-                    r_ = res if kind != "ar" else None
-                    w_ = w if kind == "norm" else None
-                    comm.all_reduce(x, r_, w_, 1e-5, out_y=oy if w_ is not None else None,
-                                    out_h=oh, algo=algo)
-                    torch.cuda.synchronize()
-                    comm.check()
-                    key = f"{dtype}/{T}/{algo}/{kind}"
-                    want_h = f64_reference(xs, rn if r_ is not None else None, None, 0)[1]
-                    e = {"h": rel(to_np(oh), want_h)}
-                    if kind == "norm":
-                        e["y"] = rel(to_np(oy), ref_y)
-                        e["y_vs_nccl"] = rel(to_np(oy), nccl_y)
-                        e["h_vs_nccl"] = rel(to_np(oh), nccl_h)
-                    errs[key] = e
-                    hashes[key] = digest(oh, oy if kind == "norm" else None)
-    report["variants"] = errs
-    report["variant_hashes"] = hashes
+    for dtype, T in [(d, t) for d in ("f16", "bf16") for t in tokens]:
+        x, res, w, xs, rn, wn = inputs(T, dtype, comm.rank, comm.world, seed=T)
+        ref_y, ref_h = f64_reference(xs, rn, wn, 1e-5)
+        nccl = x.clone()
+        dist.all_reduce(nccl)
+        nccl_h = to_np(nccl).astype(np.float64) + rn.astype(np.float64)
+        nccl_y = nccl_h / np.sqrt(np.mean(nccl_h ** 2, -1, keepdims=True) + 1e-5) * wn
+        for algo in ("oneshot", "twoshot"):
+            for kind in ("ar", "add", "norm"):
+                oy = torch.full_like(x, float("nan"))
+                oh = torch.full_like(x, float("nan"))
+                r_ = res if kind != "ar" else None
+                w_ = w if kind == "norm" else None
+                comm.all_reduce(x, r_, w_, 1e-5, out_y=oy if w_ is not None else None,
+                                out_h=oh, algo=algo)
+                torch.cuda.synchronize()
+                comm.check()
+                key = f"{dtype}/{T}/{algo}/{kind}/{comm.ctas}"
+                want_h = f64_reference(xs, rn if r_ is not None else None, None, 0)[1]
+                e = {"h": rel(to_np(oh), want_h)}
+                if kind == "norm":
+                    e["y"] = rel(to_np(oy), ref_y)
+                    e["y_vs_nccl"] = rel(to_np(oy), nccl_y)
+                    e["h_vs_nccl"] = rel(to_np(oh), nccl_h)
+                errs[key] = e
+                hashes[key] = digest(oh, oy if kind == "norm" else None)
+    report.setdefault("variants", {}).update(errs)
+    report.setdefault("variant_hashes", {}).update(hashes)
 
 
 def check_back_to_back(comm, report, quick):
@@ -182,6 +181,7 @@ def check_failures(report):
         except CommError as e:
             out[case] = f"CommError: {e.message}"
         out[case + "_seconds"] = time.perf_counter() - t0
+        comm.group.barrier()   # rank 1 launches nothing on this communicator until here
         try:  # a broken communicator refuses further calls
             comm.all_reduce(x, x, x[0])
             out[case + "_after"] = "accepted"
@@ -258,12 +258,40 @@ def check_tp_layer(comm, report, quick):
                           "hash": hashlib.sha256(got.tobytes()).hexdigest()[:16]}
 
 
+def compile_only() -> None:
+    """Fill the cubin cache on a machine without a GPU with everything these checks and
+    benchmarks/tp2.py launch."""
+    import fusionc as fc
+    from fusionc.comm.kernel import compile_spec, spec_for
+    from fusionc.models.blocks import attention_block, mlp_block
+    sys.path.insert(0, "examples")
+    import tp2_llama_layer
+    for dtype in ("f16", "bf16"):
+        for world, two, res, norm in [(w, t, r, n) for w in (1, 2) for t in (False, True)
+                                      for r, n in ((False, False), (True, False), (True, True))
+                                      if not (w == 1 and t)]:
+            for chunk in (1, 2, 4, 8):
+                compile_spec(spec_for(world, D, dtype, res, norm, two, chunk=chunk))
+    S, batch = 1024, 4
+    fc.compile(attention_block(hidden=4096, heads=32, kv_heads=32, head_dim=128, max_seq=S,
+                               eps=1e-5, theta=1e4, dtype="f16"), max_batch=batch, kv_len=S)
+    fc.compile(mlp_block(hidden=4096, intermediate=11008, eps=1e-5, dtype="f16"),
+               max_batch=batch, kv_len=S)
+    fc.compile(tp2_llama_layer.build(max_seq=S), max_batch=batch, kv_len=S)
+    import tp2_mlp   # fusionc run examples/tp2_mlp.py --batch 4 (default --kv-len 1024)
+    fc.compile(tp2_mlp.build(), max_batch=batch, kv_len=1024)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--only", default="variants,back_to_back,failures,nccl,tp_layer")
     args = ap.parse_args()
+    if args.compile_only:
+        compile_only()
+        return 0
     import torch
     import torch.distributed as dist
     rank = int(os.environ["RANK"])
@@ -273,7 +301,9 @@ def main() -> int:
     report = {"rank": rank, "errors": []}
     comm = Communicator(ctas=16, max_bytes=8192 * D * 2)
     report["backend"] = comm.backend
-    steps = {"variants": lambda: check_variants(comm, report, args.quick),
+    wide = Communicator(ctas=128, max_bytes=8192 * D * 2)
+    steps = {"variants": lambda: (check_variants(comm, report, args.quick),
+                                  check_variants(wide, report, args.quick)),
              "back_to_back": lambda: check_back_to_back(comm, report, args.quick),
              "failures": lambda: check_failures(report),
              "nccl": lambda: check_nccl_fallback(report),
@@ -290,6 +320,7 @@ def main() -> int:
     pathlib.Path(args.out, f"rank{rank}.json").write_text(json.dumps(report, indent=1))
     print(json.dumps({k: report[k] for k in report if k.endswith("seconds") or k == "errors"}))
     comm.close()
+    wide.close()
     dist.destroy_process_group()
     return 0
 

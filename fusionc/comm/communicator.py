@@ -19,12 +19,13 @@ host-mapped error word, which :meth:`Communicator.check` and the next call turn 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import socket
 import warnings
 
 from fusionc.comm.group import Group
-from fusionc.comm.kernel import ERRORS, MAX_CTAS, compile_spec, spec_for
+from fusionc.comm.kernel import ERRORS, MAX_CTAS, chunk_for, compile_spec, spec_for
 from fusionc.errors import DeviceError, InputError
 
 _DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
@@ -42,19 +43,24 @@ class Communicator:
     Args:
         group: a :class:`fusionc.comm.group.Group`; default ``Group.from_env()``.
         max_bytes: the largest payload per call in bytes (tokens × hidden × itemsize).
-        ctas: CTAs per launch, 1..256 (2–32 leaves SMs to compute kernels beside it).
+        ctas: CTAs per launch, 1..256: 16–32 suit decode (a few tokens) and leave SMs to
+            compute kernels beside it; 128 moves thousands of tokens at the peer bandwidth
+            (BENCHMARKS.md, TP2 table).
         timeout_s: bounded spin of the kernels, seconds (env ``FUSIONC_COMM_TIMEOUT``, 20).
         backend: ``auto`` (peer-to-peer, NCCL when that cannot be set up), ``p2p`` or ``nccl``
             (env ``FUSIONC_COMM_BACKEND``).
-        two_shot_from: token count from which ``algo="auto"`` picks two-shot (None: never;
-            the measured switch point is in BENCHMARKS.md).
+        two_shot_from: token count from which ``algo="auto"`` picks two-shot (None: never).
+            Measured on two H200s (BENCHMARKS.md): one-shot is faster up to 512 tokens,
+            two-shot from 2048.
+        chunk: rows per flag signal (1, 2, 4 or 8); None picks it per call
+            (:func:`fusionc.comm.kernel.chunk_for`).
     Raises:
         InputError: bad options. CommError: no backend can be set up.
     """
 
     def __init__(self, group: Group | None = None, *, max_bytes: int = 64 << 20,
-                 ctas: int = 16, timeout_s: float | None = None, backend: str | None = None,
-                 two_shot_from: int | None = None):
+                 ctas: int = 32, timeout_s: float | None = None, backend: str | None = None,
+                 two_shot_from: int | None = 1024, chunk: int | None = None):
         import cupy
         self.group = group or Group.from_env()
         self.rank, self.world = self.group.rank, self.group.world
@@ -65,7 +71,10 @@ class Communicator:
             raise InputError(f"ctas = {ctas!r}", valid=f"1 <= ctas <= {MAX_CTAS}")
         if not isinstance(max_bytes, int) or max_bytes < 16:
             raise InputError(f"max_bytes = {max_bytes!r}", valid="an integer >= 16")
+        if chunk not in (None, 1, 2, 4, 8):
+            raise InputError(f"chunk = {chunk!r}", valid="None, 1, 2, 4 or 8")
         self.ctas, self.max_bytes, self.two_shot_from = ctas, max_bytes, two_shot_from
+        self.chunk = chunk
         self.timeout_ns = int(1e9 * (timeout_s if timeout_s is not None else
                                      float(os.environ.get("FUSIONC_COMM_TIMEOUT", "20"))))
         cupy.cuda.Device(self.group.local_rank).use()
@@ -213,12 +222,19 @@ class Communicator:
                 from fusionc.comm.nccl import NcclBackend
                 self.nccl = NcclBackend(self.group, self.max_bytes)
             self.nccl.all_reduce(a, stream)
-            self._launch(spec_for(1, a.hidden, a.dtype, a.residual is not None,
-                                  a.weight is not None, False), a, stream, reduced=True)
+            self._launch(self._spec(1, a, False), a, stream, reduced=True)
         else:
-            self._launch(spec_for(self.world, a.hidden, a.dtype, a.residual is not None,
-                                  a.weight is not None, two), a, stream)
+            self._launch(self._spec(self.world, a, two), a, stream)
         return a.results()
+
+    def _spec(self, world: int, a, two: bool):
+        """The kernel variant of this call; the chunk from the rows each CTA reduces."""
+        spec = spec_for(world, a.hidden, a.dtype, a.residual is not None, a.weight is not None,
+                        two)
+        rows = -(-a.tokens // world) if two else a.tokens
+        chunk = min(self.chunk, spec.chunk) if self.chunk else chunk_for(rows, self.ctas,
+                                                                         spec.chunk)
+        return dataclasses.replace(spec, chunk=chunk)
 
     def _launch(self, spec, a, stream, reduced: bool = False) -> None:
         from fusionc.comm.launch import launch

@@ -53,7 +53,8 @@ class CommKernelSpec:
         hidden: elements per row D; ``dtype``: ``f16``, ``bf16`` or ``f32``.
         residual, norm: fuse the residual add; fuse the RMSNorm (needs ``residual``).
         two_shot: the two-shot algorithm (else one-shot).
-        threads: CTA size (a multiple of 32, ≤ 1024); ``chunk``: rows per flag signal.
+        threads: CTA size (a multiple of 32, ≤ 1024); ``chunk``: rows per flag signal
+            (:func:`chunk_for` picks it per call).
     """
 
     world: int
@@ -111,9 +112,24 @@ def spec_for(world: int, hidden: int, dtype: str, residual: bool, norm: bool,
     threads = min(1024, -(-vecs // 32) * 32)
     vpt = -(-vecs // threads)
     if chunk is None:
-        chunk = max(1, min(8, 32768 // (hidden * item)))
-        chunk = max(1, min(chunk, 8 // vpt))
+        chunk = max_chunk(hidden * item, vpt)
     return CommKernelSpec(world, hidden, dtype, residual, norm, two_shot, threads, chunk)
+
+
+def max_chunk(row_bytes: int, vpt: int) -> int:
+    """The largest chunk: ≤ 8 rows, ≤ 64 KB, ≤ 8 vectors per thread (registers)."""
+    return max(1, min(8, 65536 // row_bytes, 8 // vpt))
+
+
+def chunk_for(rows: int, ctas: int, largest: int) -> int:
+    """Rows per chunk for a call that spreads ``rows`` rows over ``ctas`` CTAs: the power of
+    two that gives every CTA about one chunk, at most ``largest`` (small calls use every CTA;
+    large ones amortize each flag signal over up to 64 KB)."""
+    per = -(-max(rows, 1) // ctas)
+    c = 1
+    while c < per and c < largest:
+        c *= 2
+    return min(c, largest)
 
 
 def render(spec: CommKernelSpec) -> str:

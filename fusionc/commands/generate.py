@@ -49,7 +49,8 @@ def setup(p):
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, default 1")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--tp", type=int, default=1, choices=(1, 2),
-                   help="tensor-parallel GPUs (2 is refused until the TP runtime exists)")
+                   help="tensor-parallel GPUs (2 is refused: the model front does not shard "
+                        "checkpoints yet)")
     p.add_argument("--autotune", action="store_true", help="search kernel choices on the GPU")
     p.add_argument("--cpu", action="store_true",
                    help="run the graphs in the interpreter on the CPU (slow; no GPU needed)")
@@ -62,8 +63,10 @@ def run(args) -> int:
 
     from fusionc.models import Decoder, HostDecoder, Sampling, generate
     if args.tp != 1:
-        raise InputError("--tp 2", valid="--tp 1: the tensor-parallel runtime (fused "
-                         "AllReduce+RMSNorm over NVLink) is not built yet")
+        raise InputError("--tp 2", valid="--tp 1: the TP layer and its collectives run "
+                         "(fusionc launch -n 2 -- python3 -m fusionc run "
+                         "examples/tp2_llama_layer.py), but generate does not shard a "
+                         "checkpoint over ranks yet")
     from fusionc.models import load_config
     sampling = Sampling(args.temperature, args.top_p, args.seed)
     cfg = load_config(args.model)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from fusionc.comm.kernel import compile_spec, render, spec_for
+from fusionc.comm.kernel import chunk_for, compile_spec, render, spec_for
 from fusionc.errors import InputError
 
 VARIANTS = [(w, d, dt, res, norm, two) for w in (1, 2, 4) for d, dt in ((4096, "f16"),
@@ -48,6 +48,11 @@ def test_bad_sizes_are_refused(args, match):
 
 def test_threads_and_chunks_follow_the_row():
     s = spec_for(2, 4096, "f16", True, True, False)
-    assert (s.threads, s.vpt, s.chunk) == (512, 1, 4)   # one 16-byte vector per thread, 32 KB
+    assert (s.threads, s.vpt, s.chunk) == (512, 1, 8)   # one 16-byte vector per thread, 64 KB
     s = spec_for(2, 16384, "f16", True, True, False)
-    assert (s.threads, s.vpt, s.chunk) == (1024, 2, 1)
+    assert (s.threads, s.vpt, s.chunk) == (1024, 2, 2)
+
+
+def test_chunks_spread_small_calls_over_every_cta():
+    assert [chunk_for(t, 16, 8) for t in (1, 8, 16, 17, 40, 64, 100, 8192)] == \
+        [1, 1, 1, 2, 4, 4, 8, 8]

@@ -3,7 +3,7 @@
 The sampled grid of issue 7: every example model (sizes reduced where it does not change the
 structure: real head_dim and GQA ratios, hidden ≠ heads·head_dim for Qwen3) × fp16/bf16 ×
 batch {1, 4, 16} × KV {1, 100, 4096, 16384}, rows of different lengths, cluster sizes 1..16
-spread across the samples. (tp2_mlp needs the tensor-parallel runtime of a later issue.)
+spread across the samples. (tp2_mlp runs on two GPUs: tests/gpu/test_tp2_gpu.py.)
 """
 
 import math
