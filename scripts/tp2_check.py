@@ -163,33 +163,37 @@ def check_back_to_back(comm, report, quick):
 
 
 def check_failures(report):
-    """A rank with another grid size, then a rank that does not launch: CommError, no hang."""
+    """Mismatched calls (another CTA count, another token count) and an absent rank: a
+    CommError on every rank, no hang; the communicator then refuses further calls."""
     import torch
 
-    from fusionc.comm import CommError, Communicator
+    from fusionc.comm import Communicator
     out = {}
-    for case in ("grid", "absent"):
-        ctas = 8 if case == "grid" and int(os.environ["RANK"]) == 1 else 16
+    rank = int(os.environ["RANK"])
+    for case in ("grid", "tokens", "absent"):
+        ctas = 8 if case == "grid" and rank == 1 else 16
         comm = Communicator(ctas=ctas, max_bytes=1 << 20, timeout_s=0.5, backend="p2p")
-        x = torch.randn(4, D, device="cuda", dtype=torch.float16)
+        x = torch.randn(8 if case == "tokens" and rank == 1 else 4, D, device="cuda",
+                        dtype=torch.float16)
         t0 = time.perf_counter()
-        try:
-            if not (case == "absent" and comm.rank == 1):
-                comm.all_reduce(x, x, x[0])
-            comm.check()
-            out[case] = "no error"
-        except CommError as e:
-            out[case] = f"CommError: {e.message}"
+        out[case] = _outcome(comm, x, launch=not (case == "absent" and rank == 1))
         out[case + "_seconds"] = time.perf_counter() - t0
         comm.group.barrier()   # rank 1 launches nothing on this communicator until here
-        try:  # a broken communicator refuses further calls
-            comm.all_reduce(x, x, x[0])
-            out[case + "_after"] = "accepted"
-        except CommError:
-            out[case + "_after"] = "refused"
+        out[case + "_after"] = _outcome(comm, x, launch=True)
         comm.group.barrier()
         comm.close()
     report["failures"] = out
+
+
+def _outcome(comm, x, launch: bool) -> str:
+    from fusionc.comm import CommError
+    try:
+        if launch:
+            comm.all_reduce(x, x, x[0])
+        comm.check()
+        return "no error"
+    except CommError as e:
+        return f"CommError: {e.message}"
 
 
 def check_nccl_fallback(report):

@@ -2,13 +2,14 @@
 tensors, zero-copy)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from fusionc.comm.kernel import ITEMSIZE
 from fusionc.errors import InputError
 
 _TORCH = {"torch.float16": "f16", "torch.bfloat16": "bf16", "torch.float32": "f32"}
 _CUPY = {"float16": "f16", "float32": "f32", "uint16": "bf16"}
-_ITEM = {"f16": 2, "bf16": 2, "f32": 4}
 
 
 @dataclass
@@ -52,6 +53,9 @@ def _info(a, what: str, dtype: str | None):
                              op="all_reduce", valid="float16, float32, or uint16 bits with "
                              f"dtype='bf16', on GPU {cupy.cuda.Device().id}")
         ok, ptr, shape, torch = a.flags.c_contiguous, a.data.ptr, tuple(a.shape), False
+        if dtype not in (None, dt):
+            raise InputError(f"{what} is a CuPy {a.dtype} array but dtype={dtype!r}",
+                             op="all_reduce", valid=f"dtype=None or {dt!r}")
     else:
         raise InputError(f"{what} is a {type(a).__name__}", op="all_reduce",
                          valid="a CuPy array or a PyTorch CUDA tensor")
@@ -61,8 +65,29 @@ def _info(a, what: str, dtype: str | None):
     return dt, shape, ptr, torch
 
 
-def prepare(x, residual, weight, out_y, out_h, dtype: str | None, max_bytes: int) -> Prepared:
-    """Check the arguments of ``Communicator.all_reduce`` and allocate missing outputs."""
+def as_stream(stream):
+    """A CuPy stream for ``stream`` (a CuPy stream, a PyTorch stream, or None)."""
+    if stream is None or hasattr(stream, "ptr"):
+        return stream
+    if hasattr(stream, "cuda_stream"):
+        import cupy
+        return cupy.cuda.ExternalStream(stream.cuda_stream)
+    raise InputError(f"stream is a {type(stream).__name__}", op="all_reduce",
+                     valid="a CuPy or PyTorch CUDA stream, or None")
+
+
+def prepare(x, residual, weight, out_y, out_h, dtype: str | None, max_bytes: int,
+            eps: float) -> Prepared:
+    """Check the arguments of ``Communicator.all_reduce`` and allocate missing outputs.
+
+    Raises:
+        InputError: naming the argument and what is valid.
+    """
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise InputError(f"eps = {eps!r}", op="all_reduce", valid="a finite eps >= 0")
+    if out_y is not None and weight is None:
+        raise InputError("out_y without weight", op="all_reduce",
+                         valid="out_y only with the RMSNorm weight (y exists only then)")
     dt, shape, xp, torch = _info(x, "x", dtype)
     if len(shape) < 1 or shape[-1] < 1:
         raise InputError(f"x has shape {list(shape)}", op="all_reduce", valid="[..., D], D >= 1")
@@ -70,8 +95,8 @@ def prepare(x, residual, weight, out_y, out_h, dtype: str | None, max_bytes: int
     tokens = 1
     for n in shape[:-1]:
         tokens *= n
-    if tokens * hidden * _ITEM[dt] > max_bytes:
-        raise InputError(f"payload of {tokens * hidden * _ITEM[dt]} bytes", op="all_reduce",
+    if tokens * hidden * ITEMSIZE[dt] > max_bytes:
+        raise InputError(f"payload of {tokens * hidden * ITEMSIZE[dt]} bytes", op="all_reduce",
                          valid=f"at most max_bytes = {max_bytes} (build the Communicator with "
                                "a larger max_bytes)")
     if weight is not None and residual is None:
@@ -90,7 +115,7 @@ def prepare(x, residual, weight, out_y, out_h, dtype: str | None, max_bytes: int
     h, hp = _output(out_h, x, shape, dt, torch, "out_h")
     from fusionc.runtime.arrays import current_stream
     return Prepared(tokens, hidden, dt, xp, ptrs["residual"], ptrs["weight"], y, h, yp, hp,
-                    current_stream(torch), x_obj=x)
+                    current_stream(torch), x_obj=x, eps=float(eps))
 
 
 def _output(given, x, shape, dt, torch: bool, what: str):

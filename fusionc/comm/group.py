@@ -11,12 +11,14 @@ takes torch's store port) with :mod:`multiprocessing.connection` and the others 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 
 from fusionc.errors import DeviceError, InputError
 
 _AUTHKEY = b"fusionc-group"
+_GROUPS: dict = {}   # one connected group per environment and process (the port is bound once)
 
 
 @dataclass
@@ -34,9 +36,12 @@ class Group:
     _listener: object = field(default=None, repr=False)
     _torch: bool = False
 
+    timeout: float = 600.0
+
     @classmethod
-    def from_env(cls, timeout: float = 120.0) -> "Group":
-        """The group described by the torchrun-style environment variables.
+    def from_env(cls, timeout: float = 600.0) -> Group:
+        """The group described by the torchrun-style environment variables; the same object
+        for every call in a process with the same variables (communicators share it).
 
         Raises:
             InputError: a variable is missing or not an integer, or RANK is out of range.
@@ -48,9 +53,14 @@ class Group:
         if world < 1 or not 0 <= rank < world or local < 0:
             raise InputError(f"RANK={rank}, WORLD_SIZE={world}, LOCAL_RANK={local}",
                              valid="0 <= RANK < WORLD_SIZE, LOCAL_RANK >= 0")
-        g = cls(rank, world, local)
+        key = (rank, world, local, os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"),
+               os.environ.get("FUSIONC_PORT"))
+        if key in _GROUPS and (_GROUPS[key]._conns or _GROUPS[key]._torch or world == 1):
+            return _GROUPS[key]
+        g = cls(rank, world, local, timeout=timeout)
         if world > 1:
             g._connect(timeout)
+        _GROUPS[key] = g
         return g
 
     def _connect(self, timeout: float) -> None:
@@ -68,12 +78,7 @@ class Group:
                              valid="start the ranks with `fusionc launch` or torchrun")
         port = _env_int("FUSIONC_PORT", _env_int("MASTER_PORT", 0) + 1)
         if self.rank == 0:
-            self._listener = Listener((addr, port), authkey=_AUTHKEY)
-            conns = {}
-            for _ in range(self.world - 1):
-                c = self._listener.accept()
-                conns[c.recv()] = c
-            self._conns = [conns[r] for r in range(1, self.world)]
+            self._serve(Listener, addr, port, timeout)
             return
         deadline = time.monotonic() + timeout
         while True:
@@ -89,8 +94,48 @@ class Group:
         c.send(self.rank)
         self._conns = [c]
 
+    def _serve(self, listener_cls, addr: str, port: int, timeout: float) -> None:
+        """Rank 0: accept every other rank (each sends its rank first)."""
+        old = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(timeout)   # the listening socket's accept() times out
+        try:
+            self._listener = listener_cls((addr, port), authkey=_AUTHKEY)
+        except OSError as e:
+            raise DeviceError(f"rank 0 cannot listen on {addr}:{port} ({e})",
+                              valid="a free port: MASTER_PORT + 1 or FUSIONC_PORT") from None
+        finally:
+            socket.setdefaulttimeout(old)
+        conns = {}
+        try:
+            for _ in range(self.world - 1):
+                c = self._listener.accept()
+                conns[self._recv(c)] = c
+        except (OSError, EOFError) as e:
+            raise DeviceError(f"rank 0: only ranks {sorted(conns)} connected within "
+                              f"{timeout:.0f} s ({type(e).__name__})",
+                              valid="start every rank (fusionc launch -n WORLD_SIZE)") from None
+        if sorted(conns) != list(range(1, self.world)):
+            raise DeviceError(f"ranks {sorted(conns)} connected to rank 0",
+                              valid=f"ranks 1..{self.world - 1}, each once (RANK is unique)")
+        self._conns = [conns[r] for r in range(1, self.world)]
+
+    def _recv(self, c):
+        if not c.poll(self.timeout):
+            raise DeviceError(f"rank {self.rank}: no message from a peer within "
+                              f"{self.timeout:.0f} s", valid="every rank alive and calling "
+                              "the same collectives in the same order")
+        try:
+            return c.recv()
+        except (EOFError, OSError) as e:
+            raise DeviceError(f"rank {self.rank}: a peer process went away ({type(e).__name__})",
+                              valid="every rank alive") from None
+
     def all_gather(self, obj) -> list:
-        """Every rank's ``obj`` (picklable), in rank order."""
+        """Every rank's ``obj`` (picklable), in rank order.
+
+        Raises:
+            DeviceError: a peer went away or sent nothing within the group's timeout.
+        """
         if self.world == 1:
             return [obj]
         if self._torch:
@@ -98,20 +143,24 @@ class Group:
             out = [None] * self.world
             dist.all_gather_object(out, obj)
             return out
-        if self.rank == 0:
-            objs = [obj] + [c.recv() for c in self._conns]
-            for c in self._conns:
-                c.send(objs)
-            return objs
-        self._conns[0].send(obj)
-        return self._conns[0].recv()
+        try:
+            if self.rank == 0:
+                objs = [obj] + [self._recv(c) for c in self._conns]
+                for c in self._conns:
+                    c.send(objs)
+                return objs
+            self._conns[0].send(obj)
+        except OSError as e:
+            raise DeviceError(f"rank {self.rank}: a peer process went away ({e})",
+                              valid="every rank alive") from None
+        return self._recv(self._conns[0])
 
     def barrier(self) -> None:
         """Return when every rank has called barrier()."""
         self.all_gather(None)
 
     def close(self) -> None:
-        """Close the connections (idempotent)."""
+        """Close the connections (idempotent); ``from_env`` then connects anew."""
         for c in self._conns:
             c.close()
         self._conns = []

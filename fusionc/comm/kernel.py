@@ -25,11 +25,19 @@ word ``epoch << 32 | n << 20 | k`` into its slot of every peer's flag region; th
 * **Self-resetting flags**: each CTA keeps an epoch counter in device memory, incremented every
   call, so flags are never cleared and the kernel is CUDA-graph safe.
 * **Slot reuse**: data go to slot ``epoch & 1``; a CTA writes slot p again two calls later, by
-  which time its peer CTA has signalled the call in between, i.e. finished this one.
-* **Mismatched grids**: the grid size is in every flag word; a different size on a peer is
-  reported (``GRID``); a CTA whose peer CTA does not exist times out.
-* **Bounded spins**: ``%globaltimer`` past ``timeout_ns`` sets a host-mapped error word (code,
-  CTA) that the host turns into :class:`fusionc.comm.CommError`.
+  which time its peer CTA has signalled the call in between, i.e. finished this one. This holds
+  because every call of a communicator uses the same grid (fixed ``ctas``), the calls of a rank
+  run in stream order on one stream, and the kernel never triggers a dependent launch early
+  (no PDL): a CTA signals a call only once its rank has finished the previous one. The numpy
+  emulation (:mod:`fusionc.comm.emulate`) checks the rule over sequences of calls.
+* **Mismatched calls**: a 16-bit tag in every flag word hashes the grid size, algorithm, chunk
+  and token count; a peer that launched another call is reported (``MISMATCH``); a CTA whose
+  peer CTA does not exist times out.
+* **Bounded spins and poisoning**: ``%globaltimer`` past ``timeout_ns`` (or a mismatch) makes
+  the CTA write an abort word into every rank's region and an error word (code, CTA) into
+  host-mapped memory that the host turns into :class:`fusionc.comm.CommError`; every later wait
+  on any rank sees the abort word and fails too (``PEER``), so no call after a failure returns
+  data silently.
 * Offsets are 64-bit; rows must be whole 16-byte vectors (D·itemsize % 16 == 0).
 """
 from __future__ import annotations
@@ -39,8 +47,10 @@ from dataclasses import dataclass
 
 from fusionc.errors import InputError
 
+ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4}
 ERRORS = {1: "timed out waiting for a peer (a rank did not launch, or launched other sizes)",
-          2: "ranks launched different grid sizes", 3: "aborted after another CTA's error"}
+          2: "ranks launched different calls (CTA count, token count, algorithm or chunk)",
+          4: "a peer rank's all-reduce failed earlier (see that rank's error)"}
 MAX_CTAS = 256
 
 
@@ -53,7 +63,7 @@ class CommKernelSpec:
         hidden: elements per row D; ``dtype``: ``f16``, ``bf16`` or ``f32``.
         residual, norm: fuse the residual add; fuse the RMSNorm (needs ``residual``).
         two_shot: the two-shot algorithm (else one-shot).
-        threads: CTA size (a multiple of 32, ≤ 1024); ``chunk``: rows per flag signal
+        threads: CTA size (a multiple of 32, ≤ 512); ``chunk``: rows per flag signal
             (:func:`chunk_for` picks it per call).
     """
 
@@ -68,7 +78,8 @@ class CommKernelSpec:
 
     @property
     def itemsize(self) -> int:
-        return {"f16": 2, "bf16": 2, "f32": 4}[self.dtype]
+        """Bytes per element."""
+        return ITEMSIZE[self.dtype]
 
     @property
     def vec(self) -> int:
@@ -90,17 +101,17 @@ class CommKernelSpec:
 def spec_for(world: int, hidden: int, dtype: str, residual: bool, norm: bool,
              two_shot: bool, chunk: int | None = None) -> CommKernelSpec:
     """The variant for these sizes: threads so that one row is one 16-byte vector per thread
-    (up to 1024 threads), chunk so that a CTA moves ~32 KB per flag signal.
+    (up to 512 threads, then several vectors each), chunk :func:`max_chunk` unless given.
 
     Raises:
-        InputError: a dtype other than f16/bf16/f32, rows that are not whole 16-byte vectors,
-            a norm without residual, or world outside 1..8.
+        InputError: a dtype other than f16/bf16/f32, rows that are not whole 16-byte vectors
+            or longer than 64 KB, a norm without residual, or world outside 1..8.
     """
     if dtype not in ("f16", "bf16", "f32"):
         raise InputError(f"dtype {dtype}", op="all_reduce", valid="f16, bf16 or f32")
     if not 1 <= world <= 8:
         raise InputError(f"{world} ranks", op="all_reduce", valid="1 to 8 GPUs of one node")
-    item = {"f16": 2, "bf16": 2, "f32": 4}[dtype]
+    item = ITEMSIZE[dtype]
     if hidden < 1 or hidden * item % 16:
         raise InputError(f"rows of {hidden} {dtype} elements ({hidden * item} bytes)",
                          op="all_reduce", valid="rows of a multiple of 16 bytes (hidden % "
@@ -109,8 +120,11 @@ def spec_for(world: int, hidden: int, dtype: str, residual: bool, norm: bool,
         raise InputError("RMSNorm without the residual add", op="all_reduce",
                          valid="all_reduce, all_reduce + add, or all_reduce + add + rms_norm")
     vecs = hidden * item // 16
-    threads = min(1024, -(-vecs // 32) * 32)
+    threads = min(512, -(-vecs // 32) * 32)   # 512: up to 128 registers per thread
     vpt = -(-vecs // threads)
+    if vpt > 8:
+        raise InputError(f"rows of {hidden * item} bytes", op="all_reduce",
+                         valid="rows of at most 64 KB (512 threads × 8 vectors of 16 bytes)")
     if chunk is None:
         chunk = max_chunk(hidden * item, vpt)
     return CommKernelSpec(world, hidden, dtype, residual, norm, two_shot, threads, chunk)
@@ -138,7 +152,7 @@ def render(spec: CommKernelSpec) -> str:
     ctype = {"f16": "__half", "bf16": "__nv_bfloat16", "f32": "float"}[spec.dtype]
     return jinja("comm/allreduce.cu.j2", name=spec.name, ctype=ctype, world=spec.world,
                  hidden=spec.hidden, threads=spec.threads, vpt=spec.vpt, chunk=spec.chunk,
-                 max_ctas=MAX_CTAS, delay=False, residual=spec.residual, norm=spec.norm,
+                 chunk_log2=spec.chunk.bit_length() - 1, max_ctas=MAX_CTAS, delay=False, residual=spec.residual, norm=spec.norm,
                  two_shot=spec.two_shot)
 
 

@@ -32,18 +32,45 @@ def rank_env(rank: int, world: int, port: int, base: dict | None = None) -> dict
 
 
 def launch(cmd: list[str], nproc: int, port: int = 0, timeout: float | None = None) -> int:
-    """Run ``cmd`` on ``nproc`` ranks; returns the first non-zero exit status, else 0.
+    """Run ``cmd`` on ``nproc`` ranks; returns the first non-zero exit status, else 0, or 124
+    when ``timeout`` (seconds, None: no limit) passes first.
 
     Raises:
-        InputError: no command given.
+        InputError: no command given, or it cannot be started.
     """
     if not cmd:
         raise InputError("no command to launch", op="launch",
                          valid="fusionc launch -n 2 -- python3 script.py")
     port = port or free_port()
-    procs = [subprocess.Popen(cmd, env=rank_env(r, nproc, port), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, bufsize=1)
-             for r in range(nproc)]
+    procs = []
+    try:
+        for r in range(nproc):
+            procs.append(subprocess.Popen(cmd, env=rank_env(r, nproc, port),
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True, bufsize=1))
+    except OSError as e:
+        _stop(procs)
+        raise InputError(f"cannot start {cmd[0]!r}: {e.strerror}", op="launch",
+                         valid="an executable command, e.g. python3 script.py") from None
+    try:
+        return _supervise(procs, timeout)
+    finally:   # Ctrl-C or an error here: no rank is left spinning on a GPU
+        _stop(procs)
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _supervise(procs, timeout: float | None) -> int:
     pumps = [threading.Thread(target=_pump, args=(r, p), daemon=True)
              for r, p in enumerate(procs)]
     for t in pumps:
@@ -54,17 +81,9 @@ def launch(cmd: list[str], nproc: int, port: int = 0, timeout: float | None = No
         late = timeout is not None and time.monotonic() - start > timeout
         if failed or late:
             status = failed[0] if failed else 124
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
             break
         time.sleep(0.05)
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    _stop(procs)
     for t in pumps:
         t.join(timeout=5)
     return status or next((p.returncode for p in procs if p.returncode), 0)

@@ -4,6 +4,7 @@ each rank (the same template with one rank). Used beyond one node (``scope = ncc
 peer-to-peer setup fails."""
 from __future__ import annotations
 
+from fusionc.comm.kernel import ITEMSIZE
 from fusionc.errors import DeviceError
 
 # nccl.h: ncclFloat16 = 6, ncclFloat32 = 7, ncclBfloat16 = 9; ncclSum = 0.
@@ -11,7 +12,12 @@ _NCCL_DTYPE = {"f16": 6, "f32": 7, "bf16": 9}
 
 
 class NcclBackend:
-    """An NCCL communicator over ``group`` (the unique id travels through the group)."""
+    """An NCCL communicator over ``group`` (the unique id travels through the group) and a
+    ``max_bytes`` buffer for the reduced copy.
+
+    Raises:
+        DeviceError: neither CuPy's NCCL nor an NCCL ``torch.distributed`` group is usable.
+    """
 
     def __init__(self, group, max_bytes: int):
         import cupy
@@ -43,7 +49,7 @@ class NcclBackend:
         ``stream``."""
         import cupy
         n = a.tokens * a.hidden
-        item = 4 if a.dtype == "f32" else 2
+        item = ITEMSIZE[a.dtype]
         out = self.buf[:n * item].view(cupy.float32 if item == 4 else cupy.int16)
         a.nccl_sum = out
         if self.comm is not None:
@@ -56,3 +62,9 @@ class NcclBackend:
         tdt = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
         with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr)):
             dist.all_reduce(torch.as_tensor(out, device="cuda").view(tdt))
+
+    def close(self) -> None:
+        """Destroy the CuPy NCCL communicator (PyTorch's group belongs to the caller)."""
+        if self.comm is not None:
+            self.comm.destroy()
+            self.comm = None

@@ -143,8 +143,10 @@ def simulator_check(g, lowered, batch: int = 2, seed: int = 0) -> str:
 
 
 def comm_specs(host) -> list:
-    """The all-reduce kernels (one-shot and two-shot) that the collectives of lowered host
-    graph ``host`` launch (:mod:`fusionc.comm.kernel`)."""
+    """The all-reduce kernels that the collectives of lowered host graph ``host`` may launch:
+    one-shot and two-shot, every chunk size a call can pick (:mod:`fusionc.comm.kernel`)."""
+    import dataclasses
+
     from fusionc.comm.kernel import spec_for
     from fusionc.runtime.comm_ops import COMM_OPS
     out = []
@@ -152,8 +154,9 @@ def comm_specs(host) -> list:
         if op.name in COMM_OPS:
             t = op.operands[0].type
             for two in (False, True):
-                out.append(spec_for(op.attr("group"), t.shape[-1], t.dtype.value,
-                                    op.name != "all_reduce", op.name.endswith("norm"), two))
+                s = spec_for(op.attr("group"), t.shape[-1], t.dtype.value,
+                             op.name != "all_reduce", op.name.endswith("norm"), two)
+                out += [dataclasses.replace(s, chunk=c) for c in (1, 2, 4, 8) if c <= s.chunk]
     return list(dict.fromkeys(out))
 
 

@@ -14,8 +14,9 @@ NVSHMEM_DISABLE_NVLS=1). Each line of output is prefixed with its rank. When a r
 others are stopped; the exit status is the first failing rank's.
 
 examples:
-  fusionc launch -n 2 -- python3 examples/tp2_llama_layer.py
-  fusionc launch -n 2 -- python3 -m fusionc run examples/tp2_mlp.py --batch 4
+  fusionc launch -n 2 -- python3 -m fusionc run examples/tp2_llama_layer.py --batch 4
+  fusionc launch -n 2 -- python3 benchmarks/tp2.py
+  fusionc launch -n 2 -- python3 my_torchrun_script.py
 """
 
 
@@ -25,7 +26,9 @@ def setup(p):
     p.epilog = _EPILOG
     p.add_argument("-n", "--nproc", type=positive_int, default=2, help="processes (GPUs)")
     p.add_argument("--port", type=int, default=0, help="MASTER_PORT (default: a free port)")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run on every rank")
+    p.usage = "fusionc launch [-h] [-n NPROC] [--port PORT] -- COMMAND [ARGS...]"
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="the command to run on every rank (after --)")
 
     def run(args):
         from fusionc.comm.launcher import launch

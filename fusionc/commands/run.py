@@ -101,11 +101,10 @@ def _communicator(g):
     groups = {op.attr("group") for op in g.body if op.name.startswith("all_reduce")}
     if not groups:
         return None, 1
-    import os
-
     from fusionc.comm import Communicator
+    from fusionc.comm.group import _env_int
     from fusionc.errors import InputError
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    world = _env_int("WORLD_SIZE", 1)
     if groups != {world}:
         raise InputError(f"@{g.name} all-reduces over {sorted(groups)} ranks but "
                          f"WORLD_SIZE = {world}", op="run",

@@ -119,8 +119,11 @@ def tp_layer_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int,
     rank's KV caches ``[B, max_seq, kv_heads/tp, head_dim]``.
 
     Raises:
-        ValueError: heads, kv_heads or intermediate not divisible by tp.
+        ValueError: tp not a positive integer, or heads, kv_heads or intermediate not
+            divisible by it.
     """
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp = {tp!r} is not a positive integer")
     for name, n in (("heads", heads), ("kv_heads", kv_heads), ("intermediate", intermediate)):
         if n % tp:
             raise ValueError(f"{name} = {n} is not a multiple of tp = {tp}")

@@ -20,7 +20,15 @@ def shard_layer(attn: dict, mlp: dict, rank: int, tp: int, *, heads: int, kv_hea
     Returns:
         ``{param: array}``: rank r's query heads ``[r·heads/tp, (r+1)·heads/tp)`` and KV heads,
         its slice of the intermediate rows; x, norms, positions and lengths replicated.
+    Raises:
+        ValueError: rank outside 0..tp-1, or heads, kv_heads or intermediate not divisible
+            by tp.
     """
+    if not 0 <= rank < tp:
+        raise ValueError(f"rank {rank} of tp = {tp}")
+    for name, n in (("heads", heads), ("kv_heads", kv_heads), ("intermediate", intermediate)):
+        if n % tp:
+            raise ValueError(f"{name} = {n} is not a multiple of tp = {tp}")
     hq, hkv, ish, d = heads // tp, kv_heads // tp, intermediate // tp, head_dim
     q0, k0 = heads * d, (heads + kv_heads) * d
     w = attn["w_qkv"]

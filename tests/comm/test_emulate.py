@@ -75,9 +75,9 @@ def test_protocol_under_random_schedules(ranks, T, ctas, chunk, two_shot, seed):
 def test_a_missing_signal_is_a_deadlock(monkeypatch):
     real = em._signal
 
-    def lossy(st_, r, b, phase, k):
+    def lossy(st_, ctx, r, b, phase, k):
         if not (r == 1 and b == 0 and k >= 1):
-            real(st_, r, b, phase, k)
+            real(st_, ctx, r, b, phase, k)
     monkeypatch.setattr(em, "_signal", lossy)
     with pytest.raises(em.ProtocolError, match="deadlock"):
         em.emulate([np.ones((4, 8), np.float16)] * 2, ctas=2, chunk=1)
@@ -88,3 +88,40 @@ def test_reading_before_the_signal_is_caught(monkeypatch):
     with pytest.raises(em.ProtocolError, match="read row"):
         for seed in range(20):
             em.emulate([np.ones((16, 8), np.float16)] * 2, ctas=2, chunk=1, seed=seed)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ranks=st.sampled_from([2, 3]), ctas=st.integers(1, 5), seed=st.integers(0, 2**16),
+       calls=st.lists(st.tuples(st.integers(1, 40), st.booleans(), st.sampled_from([1, 2, 4])),
+                      min_size=2, max_size=5))
+def test_slots_are_reused_safely_across_calls(ranks, ctas, seed, calls):
+    """Consecutive calls with other token counts, algorithms and chunks: ranks drift apart,
+    slots alternate by epoch parity, and no row is overwritten before its reader read it."""
+    D = 8
+    seq, want = [], []
+    for n, (T, two, chunk) in enumerate(calls):
+        ins = _inputs(ranks, T, D, seed + n)
+        seq.append(em.Call([i["x"] for i in ins], ins[0]["residual"], ins[0]["w"], two, chunk))
+        want.append(fc.interpret(_graph("norm", ranks, D), ins))
+    got = em.emulate_calls(seq, 1e-5, ctas=ctas, seed=seed)
+    for n in range(len(calls)):
+        for r in range(ranks):
+            assert np.array_equal(got[n][r][1].astype(np.float16), want[n][r][1])
+            assert np.array_equal(got[n][r][0].astype(np.float16), want[n][r][0])
+
+
+def test_reusing_a_slot_too_early_is_caught(monkeypatch):
+    """With one slot instead of two (parity always 0), a fast rank overwrites rows that its
+    slow peer has not read yet — the emulator must see it."""
+    real_push, real_read = em._push, em._read
+
+    def one_slot(f):
+        def g(st_, ctx, *a, **k):
+            return f(st_, dict(ctx, e=ctx["e"] * 2), *a, **k)   # every epoch even
+        return g
+    monkeypatch.setattr(em, "_push", one_slot(real_push))
+    monkeypatch.setattr(em, "_read", one_slot(real_read))
+    x = [np.ones((2, 4), np.float16)] * 2   # one chunk per CTA: no later chunk holds B back
+    with pytest.raises(em.ProtocolError, match="before rank"):
+        for seed in range(50):
+            em.emulate_calls([em.Call(x, chunk=1)] * 4, ctas=2, seed=seed)

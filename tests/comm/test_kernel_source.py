@@ -40,6 +40,7 @@ def test_flags_are_system_scope_and_there_is_no_multicast():
     ((2, 4096, "i32", True, True, False), "dtype"),
     ((2, 4096, "f16", False, True, False), "without the residual"),
     ((9, 4096, "f16", True, True, False), "ranks"),
+    ((2, 65536, "f16", True, True, False), "at most 64 KB"),
 ])
 def test_bad_sizes_are_refused(args, match):
     with pytest.raises(InputError, match=match):
@@ -50,7 +51,7 @@ def test_threads_and_chunks_follow_the_row():
     s = spec_for(2, 4096, "f16", True, True, False)
     assert (s.threads, s.vpt, s.chunk) == (512, 1, 8)   # one 16-byte vector per thread, 64 KB
     s = spec_for(2, 16384, "f16", True, True, False)
-    assert (s.threads, s.vpt, s.chunk) == (1024, 2, 2)
+    assert (s.threads, s.vpt, s.chunk) == (512, 4, 2)
 
 
 def test_chunks_spread_small_calls_over_every_cta():
