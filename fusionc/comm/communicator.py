@@ -62,13 +62,17 @@ class Communicator:
         backend = backend or os.environ.get("FUSIONC_COMM_BACKEND", "auto")
         timeout_s = _timeout(timeout_s)
         _check_options(backend, ctas, max_bytes, two_shot_from, chunk)
+        if group is not None and not isinstance(group, Group):
+            raise InputError(f"group is a {type(group).__name__}", op="Communicator",
+                             valid="None (from the environment) or a fusionc.comm.Group")
+        from fusionc.comm.group import _env_int   # the GPU first: no rendezvous without one
+        _use_device(group.local_rank if group else _env_int("LOCAL_RANK", _env_int("RANK", 0)))
         self.group = group or Group.from_env()
         self.rank, self.world = self.group.rank, self.group.world
         self.ctas, self.two_shot_from, self.chunk = ctas, two_shot_from, chunk
         self.max_bytes = -(-max_bytes // 256) * 256
         self.timeout_ns = int(1e9 * timeout_s)
         self.broken, self.nccl, self.peers = None, None, None
-        _use_device(self.group.local_rank)
         settings = (self.max_bytes, ctas, two_shot_from, chunk, backend, self.timeout_ns)
         theirs = self.group.all_gather(settings)
         if any(s != settings for s in theirs):
@@ -258,7 +262,8 @@ def _use_device(ordinal: int) -> None:
         cupy.cuda.Device(ordinal).use()
     except Exception as e:  # noqa: BLE001 - no CUDA, no such GPU
         raise DeviceError(f"cannot use GPU {ordinal} ({type(e).__name__}: {e})",
-                          valid="LOCAL_RANK below the number of GPUs of this node") from None
+                          valid="a CUDA GPU and driver, and LOCAL_RANK below the number of "
+                                "GPUs of this node") from None
     from fusionc.runtime.launch import ensure_device
     ensure_device()
 

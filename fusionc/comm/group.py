@@ -11,7 +11,6 @@ takes torch's store port) with :mod:`multiprocessing.connection` and the others 
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 
@@ -77,6 +76,9 @@ class Group:
             raise InputError("WORLD_SIZE > 1 but neither MASTER_PORT nor FUSIONC_PORT is set",
                              valid="start the ranks with `fusionc launch` or torchrun")
         port = _env_int("FUSIONC_PORT", _env_int("MASTER_PORT", 0) + 1)
+        if not 0 < port < 65536:
+            raise InputError(f"port {port} (MASTER_PORT + 1, or FUSIONC_PORT)",
+                             valid="MASTER_PORT of 1..65534, or FUSIONC_PORT of 1..65535")
         if self.rank == 0:
             self._serve(Listener, addr, port, timeout)
             return
@@ -85,39 +87,53 @@ class Group:
             try:
                 c = Client((addr, port), authkey=_AUTHKEY)
                 break
-            except OSError as e:
+            except (OSError, EOFError) as e:
                 if time.monotonic() > deadline:
                     raise DeviceError(f"rank {self.rank} could not reach rank 0 at "
                                       f"{addr}:{port} ({e})",
                                       valid="all ranks started, same MASTER_ADDR/PORT") from None
                 time.sleep(0.05)
-        c.send(self.rank)
+        c.send((self.rank, self.world))
         self._conns = [c]
+        reply = self._recv(c)   # "ok" once rank 0 has every rank with the same WORLD_SIZE
+        if reply != "ok":
+            raise DeviceError(f"rank 0 refused rank {self.rank}: {reply}")
 
     def _serve(self, listener_cls, addr: str, port: int, timeout: float) -> None:
-        """Rank 0: accept every other rank (each sends its rank first)."""
-        old = socket.getdefaulttimeout()
-        socket.setdefaulttimeout(timeout)   # the listening socket's accept() times out
+        """Rank 0: accept every other rank (each sends its rank and world size first). The
+        accepts run in a helper thread so that a rank that never comes is a DeviceError after
+        ``timeout`` seconds, not a hang."""
+        import threading
         try:
             self._listener = listener_cls((addr, port), authkey=_AUTHKEY)
-        except OSError as e:
+        except (OSError, OverflowError) as e:
             raise DeviceError(f"rank 0 cannot listen on {addr}:{port} ({e})",
                               valid="a free port: MASTER_PORT + 1 or FUSIONC_PORT") from None
-        finally:
-            socket.setdefaulttimeout(old)
-        conns = {}
-        try:
-            for _ in range(self.world - 1):
-                c = self._listener.accept()
-                conns[self._recv(c)] = c
-        except (OSError, EOFError) as e:
-            raise DeviceError(f"rank 0: only ranks {sorted(conns)} connected within "
-                              f"{timeout:.0f} s ({type(e).__name__})",
-                              valid="start every rank (fusionc launch -n WORLD_SIZE)") from None
-        if sorted(conns) != list(range(1, self.world)):
-            raise DeviceError(f"ranks {sorted(conns)} connected to rank 0",
-                              valid=f"ranks 1..{self.world - 1}, each once (RANK is unique)")
+        conns, failure = {}, []
+
+        def accept_all():
+            try:
+                for _ in range(self.world - 1):
+                    c = self._listener.accept()
+                    rank, world = self._recv(c)
+                    if world != self.world or rank in conns or not 0 < rank < self.world:
+                        failure.append(f"rank {rank} has WORLD_SIZE={world}")
+                        return
+                    conns[rank] = c
+            except Exception as e:  # noqa: BLE001 - reported below
+                failure.append(f"{type(e).__name__}: {e}")
+        t = threading.Thread(target=accept_all, daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive() or failure:
+            self._listener.close()
+            raise DeviceError(f"rank 0: ranks {sorted(conns)} connected within {timeout:.0f} s"
+                              + (f"; {failure[0]}" if failure else ""),
+                              valid=f"start every rank with the same WORLD_SIZE={self.world} "
+                                    "and a unique RANK (fusionc launch -n WORLD_SIZE)")
         self._conns = [conns[r] for r in range(1, self.world)]
+        for c in self._conns:
+            c.send("ok")
 
     def _recv(self, c):
         if not c.poll(self.timeout):

@@ -107,6 +107,11 @@ def spec_for(world: int, hidden: int, dtype: str, residual: bool, norm: bool,
         InputError: a dtype other than f16/bf16/f32, rows that are not whole 16-byte vectors
             or longer than 64 KB, a norm without residual, or world outside 1..8.
     """
+    for name, v in (("world", world), ("hidden", hidden)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InputError(f"{name} = {v!r}", op="all_reduce", valid="an integer")
+    if chunk is not None and chunk not in (1, 2, 4, 8):
+        raise InputError(f"chunk = {chunk!r}", op="all_reduce", valid="1, 2, 4 or 8 rows")
     if dtype not in ("f16", "bf16", "f32"):
         raise InputError(f"dtype {dtype}", op="all_reduce", valid="f16, bf16 or f32")
     if not 1 <= world <= 8:
@@ -139,6 +144,9 @@ def chunk_for(rows: int, ctas: int, largest: int) -> int:
     """Rows per chunk for a call that spreads ``rows`` rows over ``ctas`` CTAs: the power of
     two that gives every CTA about one chunk, at most ``largest`` (small calls use every CTA;
     large ones amortize each flag signal over up to 64 KB)."""
+    if ctas < 1 or largest < 1:
+        raise InputError(f"ctas = {ctas}, largest chunk = {largest}", op="all_reduce",
+                         valid="both >= 1")
     per = -(-max(rows, 1) // ctas)
     c = 1
     while c < per and c < largest:

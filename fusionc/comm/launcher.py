@@ -3,6 +3,7 @@ multicast off, rank-prefixed output, and every rank stopped when one fails."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -41,21 +42,31 @@ def launch(cmd: list[str], nproc: int, port: int = 0, timeout: float | None = No
     if not cmd:
         raise InputError("no command to launch", op="launch",
                          valid="fusionc launch -n 2 -- python3 script.py")
+    if not 1 <= nproc <= 1024 or not 0 <= port <= 65534:
+        raise InputError(f"{nproc} processes, port {port}", op="launch",
+                         valid="1 to 1024 processes; a port of 1 to 65534 (fusionc also "
+                               "listens on port + 1), or 0 for a free one")
     port = port or free_port()
     procs = []
     try:
         for r in range(nproc):
             procs.append(subprocess.Popen(cmd, env=rank_env(r, nproc, port),
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True, bufsize=1))
+                                          text=True, errors="replace", bufsize=1))
     except OSError as e:
         _stop(procs)
         raise InputError(f"cannot start {cmd[0]!r}: {e.strerror}", op="launch",
                          valid="an executable command, e.g. python3 script.py") from None
+    old = signal.signal(signal.SIGTERM, _terminated)
     try:
         return _supervise(procs, timeout)
-    finally:   # Ctrl-C or an error here: no rank is left spinning on a GPU
+    finally:   # Ctrl-C, SIGTERM or an error here: no rank is left spinning on a GPU
         _stop(procs)
+        signal.signal(signal.SIGTERM, old)
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _stop(procs) -> None:
@@ -86,6 +97,11 @@ def _supervise(procs, timeout: float | None) -> int:
     _stop(procs)
     for t in pumps:
         t.join(timeout=5)
+    for r, p in enumerate(procs):
+        if p.returncode and p.returncode < 0 and status in (0, p.returncode):
+            print(f"fusionc launch: rank {r} was killed by signal {-p.returncode}",
+                  file=sys.stderr)
+            status = 128 - p.returncode
     return status or next((p.returncode for p in procs if p.returncode), 0)
 
 

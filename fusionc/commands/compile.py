@@ -78,12 +78,13 @@ def compile_main(args) -> int:
             (out / f"{g.name}.0-input.fir").write_text(print_module(Module((g,))))
             lowered = run_pipeline(Module((g,)), pipeline, on_stage=dump)
         check_launches_only(lowered[g.name])
+        specs = comm_specs(lowered[g.name])   # before any kernel: size errors come first
         for k in (x for x in lowered.graphs if x.kind == "kernel"):
             ck = compile_kernel(k)
             (out / f"{k.name}.cu").write_text(ck.source.source)
             (out / f"{k.name}.cubin").write_bytes(ck.cubin)
             print(ck.report())
-        for spec in comm_specs(lowered[g.name]):   # the collectives' kernels (both algorithms)
+        for spec in specs:   # the collectives' kernels (both algorithms, every chunk)
             result, _ = compile_spec(spec)
             (out / f"{spec.name}.cu").write_text(render_comm(spec))
             (out / f"{spec.name}.cubin").write_bytes(result.cubin)
@@ -149,14 +150,22 @@ def comm_specs(host) -> list:
 
     from fusionc.comm.kernel import spec_for
     from fusionc.runtime.comm_ops import COMM_OPS
+    from fusionc.errors import CompileError, FusionError
     out = []
     for op in host.body:
-        if op.name in COMM_OPS:
-            t = op.operands[0].type
-            for two in (False, True):
+        if op.name not in COMM_OPS:
+            continue
+        t = op.operands[0].type
+        if t.rank < 1 or not isinstance(t.shape[-1], int):
+            raise CompileError(f"all-reduce of {t}", op=op.name, loc=op.loc,
+                               valid="rows [..., D] with a fixed D (the GPU kernels move rows)")
+        for two in (False, True):
+            try:
                 s = spec_for(op.attr("group"), t.shape[-1], t.dtype.value,
                              op.name != "all_reduce", op.name.endswith("norm"), two)
-                out += [dataclasses.replace(s, chunk=c) for c in (1, 2, 4, 8) if c <= s.chunk]
+            except FusionError as e:
+                raise e.with_loc(op.loc) from None
+            out += [dataclasses.replace(s, chunk=c) for c in (1, 2, 4, 8) if c <= s.chunk]
     return list(dict.fromkeys(out))
 
 

@@ -77,16 +77,7 @@ def interpret(program: Module | Graph, inputs: Mapping | Sequence[Mapping], *,
             out-of-range positions or lengths.
     """
     g = _select(program, graph)
-    many = not isinstance(inputs, Mapping) or (ranks or 1) > 1
-    per_rank = _per_rank(inputs, ranks)
-    values, env = [], None
-    for r, inp in enumerate(per_rank):
-        vals, env_r = bind_inputs(g, inp, precise)
-        if env is not None and env_r != env:
-            raise InputError(f"rank {r} has sizes {env_r} but rank 0 has {env}",
-                             valid="the same symbolic sizes on every rank")
-        values.append(vals)
-        env = env_r
+    values, env, many = bind_ranks(g, inputs, ranks, precise)
     ctxs = [Context(r, values, env, precise) for r in range(len(values))]
     for op in g.body:
         d = lookup(op.name)
@@ -99,6 +90,27 @@ def interpret(program: Module | Graph, inputs: Mapping | Sequence[Mapping], *,
                 vals[res.name] = _store(arr, res, ctx, op)
     outs = [tuple(vals[v.name] for v in g.outputs) for vals in values]
     return outs if many else outs[0]
+
+
+def bind_ranks(g: Graph, inputs, ranks: int | None = None, precise: bool = False):
+    """``(values, env, many)``: the bound inputs of every simulated rank (see
+    :func:`bind_inputs`), the symbolic sizes (equal on every rank), and whether the caller gave
+    several ranks (a list of dicts, or ``ranks`` > 1).
+
+    Raises:
+        InputError: not a dict or a non-empty list of dicts, a bad ``ranks``, or sizes that
+            differ between ranks.
+    """
+    many = not isinstance(inputs, Mapping) or (ranks or 1) > 1
+    values, env = [], None
+    for r, inp in enumerate(_per_rank(inputs, ranks)):
+        vals, env_r = bind_inputs(g, inp, precise)
+        if env is not None and env_r != env:
+            raise InputError(f"rank {r} has sizes {env_r} but rank 0 has {env}",
+                             valid="the same symbolic sizes on every rank")
+        values.append(vals)
+        env = env_r
+    return values, env, many
 
 
 def _select(program, name: str | None) -> Graph:
@@ -116,9 +128,15 @@ def _select(program, name: str | None) -> Graph:
 
 
 def _per_rank(inputs, ranks: int | None) -> list[Mapping]:
+    if ranks is not None and (isinstance(ranks, bool) or not isinstance(ranks, int)
+                              or ranks < 1):
+        raise InputError(f"ranks = {ranks!r}", valid="None or a positive number of ranks")
     if isinstance(inputs, Mapping):
         return [inputs] * (ranks or 1)
-    per_rank = list(inputs)
+    try:
+        per_rank = list(inputs)
+    except TypeError:
+        per_rank = []
     if not per_rank or not all(isinstance(i, Mapping) for i in per_rank):
         raise InputError("inputs must be a dict or a non-empty list of dicts (one per rank)")
     if ranks is not None and ranks != len(per_rank):

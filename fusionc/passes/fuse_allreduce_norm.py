@@ -30,12 +30,13 @@ class FuseAllReduceNorm(Pass):
     def rewrite(self, g: Graph) -> Graph:
         """``g`` with every matched all_reduce → add → rms_norm chain fused."""
         users = _users(g)
-        body, dropped = list(g.body), set()
+        body, dropped, taken = list(g.body), set(), set()
         for ar in g.body:
             m = _match(ar, users, g.outputs)
-            if m is None:
-                continue
+            if m is None or id(m[0]) in taken:
+                continue   # e.g. all_reduce(a) + all_reduce(b): the add is fused once
             add, norm, residual = m
+            taken.add(id(add))
             at = body.index(add)
             comm = (("group", ar.attr("group")), ("scope", ar.attr("scope")))
             if norm is None or not _defined_before(norm.operands[1], g, body[:at]):

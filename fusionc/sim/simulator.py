@@ -13,8 +13,8 @@ from typing import Iterator
 
 import numpy as np
 
-from fusionc.errors import SimulationError
-from fusionc.interp.interpreter import Context, _store, bind_inputs
+from fusionc.errors import InputError, SimulationError
+from fusionc.interp.interpreter import Context, _store, bind_ranks
 from fusionc.interp.numerics import round_to
 from fusionc.ir.nodes import Graph, Module, Op
 from fusionc.ir.registry import lookup
@@ -136,11 +136,13 @@ def simulate(module: Module, inputs, graph: str | None = None,
     the ranks run in lockstep, op by op, so the collectives (``all_reduce`` and its fused forms)
     see every rank's operands; returns one tuple of outputs per rank.
     """
-    g = module[graph] if graph else next(x for x in module.graphs if x.kind == "graph")
-    many = not isinstance(inputs, dict)
-    bound = [bind_inputs(g, i) for i in (inputs if many else [inputs])]
-    values = [v for v, _ in bound]
-    env = {**bound[0][1], **(env or {})}
+    graphs = [x for x in module.graphs if x.kind == "graph"]
+    g = next((x for x in graphs if graph in (None, x.name)), None)
+    if g is None:
+        raise InputError(f"no graph named {graph!r}" if graph else "the module has no graph",
+                         valid="graph= one of " + ", ".join(x.name for x in graphs))
+    values, env_b, many = bind_ranks(g, inputs)
+    env = {**env_b, **(env or {})}
     for op in g.body:
         results = []
         for r, vals in enumerate(values):

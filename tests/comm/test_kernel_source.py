@@ -57,3 +57,14 @@ def test_threads_and_chunks_follow_the_row():
 def test_chunks_spread_small_calls_over_every_cta():
     assert [chunk_for(t, 16, 8) for t in (1, 8, 16, 17, 40, 64, 100, 8192)] == \
         [1, 1, 1, 2, 4, 4, 8, 8]
+
+
+@pytest.mark.parametrize("kw,match", [({"chunk": 1000}, "chunk"), ({"chunk": 0}, "chunk"),
+                                      ({"chunk": 2.5}, "chunk")])
+def test_bad_chunks_are_refused(kw, match):
+    with pytest.raises(InputError, match=match):
+        spec_for(2, 4096, "f16", True, True, False, **kw)
+    with pytest.raises(InputError, match="integer"):
+        spec_for("2", 4096, "f16", True, True, False)
+    with pytest.raises(InputError, match="ctas"):
+        chunk_for(10, 0, 8)

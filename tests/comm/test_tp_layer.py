@@ -61,3 +61,49 @@ def test_sizes_not_divisible_by_tp_are_refused():
     with pytest.raises(ValueError, match="kv_heads = 2 is not a multiple of tp = 4"):
         tp_layer_block(tp=4, max_seq=16, eps=1e-5, theta=1e4, dtype="f16",
                        **dict(SIZES, kv_heads=2))
+
+
+def test_fused_forms_refuse_a_residual_that_is_not_replicated():
+    from fusionc.errors import InputError
+
+    @fc.graph
+    def g(p1: fc.f16["B", 8], p2: fc.f16["B", 8], w: fc.f16[8]):
+        return fc.rms_norm(fc.all_reduce(p1, 2) + p2, w, 1e-5)
+    rng = np.random.default_rng(0)
+    ins = [{"p1": rng.standard_normal((4, 8)), "p2": rng.standard_normal((4, 8)),
+            "w": np.ones(8)} for _ in range(2)]
+    fc.interpret(g, ins)   # unfused: fine
+    with pytest.raises(InputError, match="differs between the ranks"):
+        fc.interpret(run_pipeline(g, "fuse-allreduce-norm"), ins)
+
+
+def test_zero_tokens_and_several_ranks_in_the_simulator():
+    from fusionc.errors import InputError
+    @fc.graph
+    def tail(x: fc.f16["B", 8], r: fc.f16["B", 8], w: fc.f16[8]):
+        return fc.rms_norm(fc.all_reduce(x, 2) + r, w, 1e-5)
+    none = {"x": np.zeros((0, 8)), "r": np.zeros((0, 8)), "w": np.ones(8)}
+    fused = run_pipeline(tail, "fuse-allreduce-norm")
+    assert fc.interpret(fused, [none, none])[1][0].shape == (0, 8)
+    layer = tp_layer_block(tp=2, max_seq=16, eps=1e-5, theta=10000.0, dtype="f16", **SIZES)
+    g = layer.graphs[0]
+    ins = random_inputs(g, 1, np.random.default_rng(0))
+    lowered = run_pipeline(layer, "fuse-allreduce-norm,partition-cluster{size=2},fuse")
+    with pytest.raises(InputError, match="no graph named"):
+        fc.simulate(lowered, [ins, ins], graph="nope")
+    with pytest.raises(InputError, match="non-empty list"):
+        fc.simulate(lowered, [])
+    two = random_inputs(g, 2, np.random.default_rng(0))
+    with pytest.raises(InputError, match="sizes"):
+        fc.simulate(lowered, [ins, two])
+
+
+def test_the_sum_of_two_all_reduces_is_fused_once():
+    @fc.graph
+    def g(a: fc.f16["B", 8], m: fc.f16["B", 8], w: fc.f16[8]):
+        return fc.rms_norm(fc.all_reduce(a, 2) + fc.all_reduce(m, 2), w, 1e-5)
+    fused = run_pipeline(g, "fuse-allreduce-norm")
+    rng = np.random.default_rng(1)
+    ins = [{"a": rng.standard_normal((3, 8)), "m": rng.standard_normal((3, 8)),
+            "w": np.ones(8)} for _ in range(2)]
+    assert np.array_equal(fc.interpret(g, ins)[0][0], fc.interpret(fused, ins)[0][0])

@@ -73,6 +73,7 @@ def test_back_to_back_and_graph_replays(reports):
 def test_mismatched_ranks_are_reported_not_hung(reports):
     for r in reports:
         f = r["failures"]
+        assert f["settings"].startswith("InputError") and "settings" in f["settings"], f
         for case in ("grid", "tokens"):   # another CTA count, another token count
             assert f[case].startswith("CommError") and "different calls" in f[case], f
             assert f[case + "_seconds"] < 5 and f[case + "_after"].startswith("CommError"), f

@@ -65,6 +65,7 @@ def _infer_add(op):
 
 def _run_add(op, args, ctx):
     """The sum over the group in rank order, rounded, plus this rank's residual."""
+    _replicated(op, ctx.group_values(op.operands[1], op.attr("group"), op))
     (total,) = _run(op, args, ctx)
     if ctx.precise:
         return (total + args[1].astype(ctx.acc),)
@@ -109,6 +110,17 @@ def _infer_fused(op):
     return (x, x)
 
 
+def _replicated(op, *per_rank) -> None:
+    """InputError unless each operand holds the same values on every rank of the group (the
+    fused forms are defined for replicated residuals and weights only)."""
+    from fusionc.errors import InputError
+    for vals, v in zip(per_rank, op.operands[1:]):
+        if any(not np.array_equal(a, vals[0], equal_nan=True) for a in vals[1:]):
+            raise InputError(f"%{v.name} differs between the ranks of the group", op=op.name,
+                             loc=op.loc, valid="a replicated residual and weight, as in tensor "
+                             "parallelism (otherwise keep all_reduce and add apart)")
+
+
 def token_shards(tokens: int, group: int) -> list[slice]:
     """The ``group`` contiguous row shards of ``tokens`` rows: ceil(tokens / group) rows each,
     the last ones shorter or empty."""
@@ -120,15 +132,17 @@ def _run_fused(op, args, ctx):
     """Reduce-scatter, per-shard add + RMSNorm, all-gather (see the op's documentation)."""
     group, dt = op.attr("group"), op.operands[0].type.dtype
     xs, res, ws = (ctx.group_values(v, group, op) for v in op.operands)
+    _replicated(op, res, ws)
     rnd = (lambda a: a) if ctx.precise else (lambda a: round_to(a, dt))  # noqa: E731
-    rows = xs[0].reshape(-1, xs[0].shape[-1]).shape[0]
-    flat = [x.reshape(rows, -1) for x in xs]
+    D = xs[0].shape[-1]
+    rows = xs[0].reshape(-1, D).shape[0]
+    flat = [x.reshape(rows, D) for x in xs]
     h, y = np.empty_like(flat[0], ctx.acc), np.empty_like(flat[0], ctx.acc)
     for r, shard in enumerate(token_shards(rows, group)):  # shard r, computed by rank r
         s = flat[0][shard].astype(ctx.acc)
         for x in flat[1:]:
             s = s + x[shard].astype(ctx.acc)
-        h[shard] = rnd(rnd(s) + res[r].reshape(rows, -1)[shard].astype(ctx.acc))
+        h[shard] = rnd(rnd(s) + res[r].reshape(rows, D)[shard].astype(ctx.acc))
         y[shard] = rms_norm_values(h[shard], ws[r], op.attr("eps"), ctx.acc)
     shape = xs[0].shape
     return y.reshape(shape), h.reshape(shape)
