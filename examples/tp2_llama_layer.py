@@ -9,7 +9,10 @@ ranks' GPUs (``fusionc.comm``).
 
     fusionc ir examples/tp2_llama_layer.py --passes fuse-allreduce-norm
     fusionc compile examples/tp2_llama_layer.py -o out/     # kernels, collectives, simulator
-    fusionc launch -n 2 -- python3 -m fusionc run examples/tp2_llama_layer.py --batch 4
+    fusionc launch -n 2 -- python3 -m fusionc run examples/tp2_llama_layer.py --graph layer \
+        --batch 4
+    fusionc launch -n 2 -- python3 -m fusionc run examples/tp2_llama_layer.py --graph o_proj \
+        --batch 4096 [--split-tokens 1]     # prefill-sized: cuBLAS + token-split overlap
 
 ``scripts/tp2_check.py`` checks the two-rank decode step against the single-GPU layer
 (``fusionc.models.blocks`` attention + MLP graphs) with weights sharded by
@@ -17,16 +20,21 @@ ranks' GPUs (``fusionc.comm``).
 """
 import fusionc as fc
 from fusionc.ir import Module
-from fusionc.models.blocks import tp_layer_block
+from fusionc.models.blocks import tp_layer_block, tp_oproj_block
 
 
 def build(hidden: int = 4096, heads: int = 32, kv_heads: int = 32, head_dim: int = 128,
           intermediate: int = 11008, tp: int = 2, max_seq: int = 4096, eps: float = 1e-5,
-          theta: float = 10000.0, dtype: str = "f16") -> Module:
-    """The module with graph ``@layer``: one rank's shard of the TP layer."""
-    return fc.module(tp_layer_block(hidden=hidden, heads=heads, kv_heads=kv_heads,
-                                    head_dim=head_dim, intermediate=intermediate, tp=tp,
-                                    max_seq=max_seq, eps=eps, theta=theta, dtype=dtype))
+          theta: float = 10000.0, dtype: str = "f16", collective: bool = True) -> Module:
+    """The module with graphs ``@layer`` (one rank's shard of the TP layer, decode step) and
+    ``@o_proj`` (its output projection + all-reduce + residual + RMSNorm for many tokens;
+    ``collective=False`` drops the all-reduce: the no-communication baseline)."""
+    return fc.module(
+        tp_layer_block(hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                       intermediate=intermediate, tp=tp, max_seq=max_seq, eps=eps,
+                       theta=theta, dtype=dtype),
+        tp_oproj_block(hidden=hidden, heads=heads, head_dim=head_dim, tp=tp, eps=eps,
+                       dtype=dtype, collective=collective))
 
 
 if __name__ == "__main__":

@@ -11,14 +11,19 @@ This AllReduce → add is the pattern TokenWeave (arXiv 2505.11329) overlaps and
 
     fusionc ir examples/tp2_mlp.py
     fusionc ir examples/tp2_mlp.py -D tp=4
+    fusionc launch -n 2 -- python3 -m fusionc run examples/tp2_mlp.py --batch 4       # decode
+    fusionc launch -n 2 -- python3 -m fusionc run examples/tp2_mlp.py --batch 4096    # prefill:
+        # cuBLAS GEMMs, token-split overlap of the all-reduce (--split-tokens 1: no split)
 """
 import fusionc as fc
 from fusionc.ir import Module
 
 
 def build(hidden: int = 4096, intermediate: int = 11008, tp: int = 2, eps: float = 1e-5,
-          dtype: str = "f16") -> Module:
-    """The module with graph ``@mlp``: one rank's shard of a tensor-parallel MLP."""
+          dtype: str = "f16", collective: bool = True) -> Module:
+    """The module with graph ``@mlp``: one rank's shard of a tensor-parallel MLP
+    (``collective=False``: the same computation without the all-reduce, the baseline of
+    token-split overlap)."""
     if intermediate % tp:
         raise ValueError(f"intermediate = {intermediate} is not a multiple of tp = {tp}")
     T, shard = fc.dtype(dtype), intermediate // tp
@@ -30,7 +35,7 @@ def build(hidden: int = 4096, intermediate: int = 11008, tp: int = 2, eps: float
         gate, up = fc.split(fc.linear(h, w_gate_up, name="gate_up"), [shard, shard],
                             name=("gate", "up"))
         partial = fc.linear(fc.silu_mul(gate, up, name="act"), w_down, name="partial")
-        return x + fc.all_reduce(partial, group=tp, name="down")
+        return x + (fc.all_reduce(partial, group=tp, name="down") if collective else partial)
 
     return fc.module(mlp)
 

@@ -4,7 +4,7 @@
 #   FUSIONC_CACHE_DIR=.fcache12 python scripts/tp2_check.py --compile-only
 #   tar czf .fcache12.tgz .fcache12      # carry .whl and .fcache12.tgz
 # then on the GPU machine:
-#   tar xzf .fcache12.tgz && FUSIONC_CACHE_DIR=.fcache12 bash scripts/tp2_session.sh [smoke|tests|bench|all]
+#   tar xzf .fcache12.tgz && FUSIONC_CACHE_DIR=.fcache12 bash scripts/tp2_session.sh [smoke|tests|bench|overlap|all]
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...); fusionc never emits multimem.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -27,6 +27,12 @@ if [[ $what == tests || $what == all ]]; then
   for ex in tp2_llama_layer tp2_mlp; do   # the CLI on two ranks
     launch python3 -m fusionc run examples/$ex.py --batch 4 --kv-len 1024 2>&1 | tail -2
   done
+fi
+if [[ $what == overlap || $what == all ]]; then   # issue 10: token-split overlap
+  [[ $what == overlap ]] && launch python3 scripts/tp2_check.py --out "$out/split" --quick \
+    --only split_tokens 2>&1 | tail -4
+  launch python3 benchmarks/tp2_overlap.py --json "$out/tp2_overlap.json" ${OVERLAP_ARGS:-} \
+    2>&1 | tee "$out/tp2_overlap.log" | grep "rank 0" | tail -14
 fi
 if [[ $what == bench || $what == all || $what == smoke ]]; then
   launch python3 benchmarks/tp2.py --json "$out/tp2.json" ${BENCH_ARGS:-} 2>&1 \

@@ -186,15 +186,18 @@ class AttrSpec:
     kind: AttrKind
     default: Any = _REQUIRED
     doc: str = ""
+    omit: bool = False   # printed only when it differs from the default
 
     @property
     def required(self) -> bool:
         return self.default is _REQUIRED
 
 
-def attr(name: str, kind: AttrKind, default: Any = _REQUIRED, doc: str = "") -> AttrSpec:
-    """Declare an attribute (see :class:`AttrSpec`)."""
-    return AttrSpec(name, kind, default, doc)
+def attr(name: str, kind: AttrKind, default: Any = _REQUIRED, doc: str = "",
+         omit: bool = False) -> AttrSpec:
+    """Declare an attribute (see :class:`AttrSpec`); ``omit``: leave it out of the printed
+    text at its default (it parses back to the default)."""
+    return AttrSpec(name, kind, default, doc, omit)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,13 +40,13 @@ def print_op(op: Op) -> str:
 def _op_lines(op: Op, indent: str) -> list[str]:
     d = lookup(op.name)
     specs = {a.name: a.kind for a in d.attrs} if d else {}
-    hidden = {a.name for a in d.attrs if a.default == ()} if d else set()
-    attrs = tuple((k, v) for k, v in op.attrs if not (k in hidden and v == ()))
+    hidden = {a.name: a.default for a in d.attrs if a.default == () or a.omit} if d else {}
+    attrs = tuple((k, v) for k, v in op.attrs if not (k in hidden and v == hidden[k]))
     text = ""
     if op.results:
         text = ", ".join(str(r) for r in op.results) + " = "
     text += f"{op.name}({', '.join(str(v) for v in op.operands)})"
-    if attrs:  # attributes at an empty-list default are left out (they parse back)
+    if attrs:  # attributes at an empty-list or omitted default are left out (they parse back)
         text += " " + _attrs(attrs, specs)
     if op.results:
         text += " : " + ", ".join(str(r.type) for r in op.results)

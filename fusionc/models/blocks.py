@@ -157,3 +157,26 @@ def tp_layer_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int,
         return h + fc.all_reduce(down, tp, name="down_sum"), k_cache, v_cache
 
     return layer
+
+
+def tp_oproj_block(*, hidden: int, heads: int, head_dim: int, tp: int, eps: float, dtype: str,
+                   collective: bool = True) -> Module:
+    """Graph ``@o_proj``: the output projection of a TP layer and what follows it, for many
+    tokens — ``h = x + all_reduce(o · w_oᵀ)``, ``y = rms_norm(h)`` (the MLP's input norm);
+    rank r holds the columns of w_o of its ``heads/tp`` heads. ``collective=False``: the same
+    computation without the all-reduce (``h = x + o · w_oᵀ``), the baseline of overlap.
+    Returns (y, h).
+    """
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or heads % tp:
+        raise ValueError(f"heads = {heads} is not a multiple of tp = {tp}")
+    T = fc.dtype(dtype)
+    q_size = heads // tp * head_dim
+
+    @fc.graph
+    def o_proj(x: T["B", hidden], o: T["B", q_size], w_o: T[hidden, q_size],
+               mlp_norm: T[hidden]):
+        part = fc.linear(o, w_o, name="o_partial")
+        h = x + (fc.all_reduce(part, tp, name="o_sum") if collective else part)
+        return fc.rms_norm(h, mlp_norm, eps, name="y"), h
+
+    return o_proj

@@ -9,41 +9,12 @@ bit patterns, f32 arrays float32.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-# 16-bit storage <-> fp32 in the two CuPy kernels, per storage dtype (CuPy declares float16
-# only for kernels that take float16 arrays)
-_PREAMBLE = {
-    "f16": r"""
-__device__ __forceinline__ float fc_f32(float16 x) { return float(x); }
-__device__ __forceinline__ void fc_store(float v, float16 &o) { o = float16(v); }
-""",
-    "bf16": r"""
-__device__ __forceinline__ float fc_f32(unsigned short x) {   // bf16 bits
-  return __uint_as_float(((unsigned int)x) << 16); }
-__device__ __forceinline__ void fc_store(float v, unsigned short &o) {   // round to nearest even
-  unsigned int u = __float_as_uint(v);
-  o = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); }
-""",
-}
+from fusionc.runtime.library import CUDA_R as _CUDA_R
+from fusionc.runtime.library import norm_kernels as _kernels
 
-_CUDA_R = {"f16": 2, "bf16": 14, "f32": 0}  # cudaDataType: CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F
 _GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
-
-
-@functools.cache
-def _kernels(dtype: str):
-    """(sum of squares per row, scale and round) CuPy kernels for storage dtype f16 or bf16."""
-    import cupy
-    sumsq = cupy.ReductionKernel("T x", "float32 y", "fc_f32(x) * fc_f32(x)", "a + b", "y = a",
-                                 "0", "fc_sumsq", preamble=_PREAMBLE[dtype])
-    scale = cupy.ElementwiseKernel(
-        "T x, T w, float32 ss, float32 n, float32 eps", "T y",
-        "fc_store(fc_f32(w) * (fc_f32(x) * rsqrtf(ss / n + eps)), y)", "fc_rms_scale",
-        preamble=_PREAMBLE[dtype])
-    return sumsq, scale
 
 
 class Head:

@@ -4,7 +4,8 @@
   to tile-IR cluster kernels (ClusterFusion decomposition), C chosen by the cost model when 0.
 - ``fuse`` (:mod:`.fuse`): merges independent consecutive launches into one kernel.
 """
-from fusionc.passes import fuse, fuse_allreduce_norm, partition_cluster  # noqa: F401
+from fusionc.passes import fuse, fuse_allreduce_norm, lower_library  # noqa: F401
+from fusionc.passes import partition_cluster, split_tokens  # noqa: F401
 from fusionc.passes.base import PASSES, Pass, register_pass
 from fusionc.passes.pipeline import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
 

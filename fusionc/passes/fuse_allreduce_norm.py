@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusionc.ir.nodes import Graph, Module, Op, Value
+from fusionc.ir.registry import lookup
 from fusionc.passes.base import Pass, register_pass
 
 
@@ -38,15 +39,17 @@ class FuseAllReduceNorm(Pass):
             add, norm, residual = m
             taken.add(id(add))
             at = body.index(add)
-            comm = (("group", ar.attr("group")), ("scope", ar.attr("scope")))
+            comm = {"group": ar.attr("group"), "scope": ar.attr("scope"),
+                    "stream": ar.attr("stream")}
             if norm is None or not _defined_before(norm.operands[1], g, body[:at]):
                 body[at] = Op("all_reduce_add", (add.result,), (ar.operands[0], residual),
-                              comm, loc=ar.loc)
+                              lookup("all_reduce_add").make_attrs(comm), loc=ar.loc)
                 dropped.add(id(ar))
                 continue
             body[at] = Op("all_reduce_add_rms_norm", (norm.result, add.result),
                           (ar.operands[0], residual, norm.operands[1]),
-                          (comm[0], ("eps", norm.attr("eps")), comm[1]), loc=ar.loc)
+                          lookup("all_reduce_add_rms_norm").make_attrs(
+                              {**comm, "eps": norm.attr("eps")}), loc=ar.loc)
             dropped.update({id(ar), id(norm)})
         return g.replace(body=tuple(op for op in body if id(op) not in dropped))
 

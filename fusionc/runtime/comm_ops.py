@@ -14,6 +14,8 @@ def run_comm_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
     """Run collective ``op`` of compiled graph ``cg`` on ``stream``; its results join
     ``views`` (CuPy) and ``objs`` (what the caller gets back)."""
     comm = cg.comm
+    if comm is not None and op.attr("stream") != 0:
+        comm = side_communicator(cg)
     if comm is None:
         raise InputError("the graph has a tensor-parallel collective but no communicator",
                          op=op.name, loc=op.loc,
@@ -36,3 +38,17 @@ def run_comm_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
         comm.all_reduce(ins[0], ins[1] if len(ins) > 1 else None, out_h=h, **kw)
     for r in op.results:
         objs[r.name], views[r.name] = outs[r.name]
+
+
+def side_communicator(cg):
+    """The communicator of the side stream (its own flags: one per stream), built on first use
+    from the main one — every rank reaches the same op, so the collective setup matches — with
+    ``cg.side_ctas`` CTAs (few: it runs beside the GEMMs of the next token block)."""
+    if getattr(cg, "_side_comm", None) is None:
+        from fusionc.comm import Communicator
+        main = cg.comm
+        cg._side_comm = Communicator(main.group, max_bytes=main.max_bytes,
+                                     ctas=getattr(cg, "side_ctas", 16),
+                                     timeout_s=main.timeout_ns / 1e9, backend=main.backend,
+                                     two_shot_from=main.two_shot_from, chunk=main.chunk)
+    return cg._side_comm

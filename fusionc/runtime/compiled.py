@@ -17,7 +17,8 @@ from fusionc.runtime import arrays
 def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: int = 0,
             scheme: str = "auto", kv_len: int = 4096, pipeline: str | None = None,
             codegen=None, autotune: bool = False, progress=None,
-            pdl: bool = False, comm=None) -> "CompiledGraph":
+            pdl: bool = False, comm=None, split_tokens: int | None = None,
+            min_split_tokens: int = 1024, side_ctas: int = 16) -> "CompiledGraph":
     """Lower, fuse, generate and compile ``program`` for the GPU.
 
     Args:
@@ -36,6 +37,13 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             while the previous kernel of the stream drains (decode steps of many layers).
         comm: a :class:`fusionc.comm.Communicator` for graphs with tensor-parallel collectives
             (``all_reduce`` and its fused forms); it can also be given later (``.comm = ...``).
+            Its errors surface at the next call or ``comm.check()``.
+        split_tokens: graphs of many tokens (``max_batch`` >= 256, no attention) lower their
+            linear layers to cuBLAS (pass ``lower-library``) and, with collectives, are cut into
+            this many token blocks whose all-reduces overlap the next block's GEMMs (pass
+            ``split-tokens``); None: 2 with collectives, else 1.
+        min_split_tokens: below this many tokens a call is not split (measured threshold).
+        side_ctas: CTAs of the side stream's all-reduce (beside the GEMMs).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
@@ -57,6 +65,10 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
 
         from fusionc.codegen import CodegenOptions
         codegen = dataclasses.replace(codegen or CodegenOptions(), pdl=True)
+    if pipeline is None and _prefill(module[name], max_batch):
+        parts = split_tokens or (2 if _has_collectives(module[name]) else 1)
+        pipeline = (f"fuse-allreduce-norm,split-tokens{{parts={parts},"
+                    f"min_tokens={min_split_tokens}}},lower-library")
     pipeline = pipeline or default_pipeline(cluster, scheme, max_batch, kv_len)
     lowered = run_pipeline(Module((module[name],)), pipeline)
     host = lowered[name]
@@ -67,7 +79,23 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             if progress:
                 progress(f"compiling {g.name}")
             kernels[g.name] = compile_kernel(g, codegen)
-    return CompiledGraph(lowered, host, kernels, max_batch, comm)
+    out = CompiledGraph(lowered, host, kernels, max_batch, comm)
+    out.side_ctas = side_ctas
+    return out
+
+
+PREFILL_TOKENS = 256
+_DECODE_ONLY = ("decode_attention", "kv_cache_append", "mla_decode_attention", "rope")
+
+
+def _prefill(g: Graph, max_batch: int) -> bool:
+    """Many tokens and no attention: the library (GEMM) lowering instead of the decode
+    kernels."""
+    return max_batch >= PREFILL_TOKENS and not any(op.name in _DECODE_ONLY for op in g.body)
+
+
+def _has_collectives(g: Graph) -> bool:
+    return any(op.name.startswith("all_reduce") for op in g.body)
 
 
 def _check_options(program, max_batch, kv_len, cluster) -> None:
@@ -95,11 +123,11 @@ def _tuned(g: Graph, max_batch: int, kv_len: int, search: bool):
 
 
 def check_launches_only(host: Graph) -> None:
-    """CompileError unless every op of the lowered host graph is a kernel launch or a
-    tensor-parallel collective (:data:`fusionc.runtime.comm_ops.COMM_OPS`)."""
-    from fusionc.runtime.comm_ops import COMM_OPS
+    """CompileError unless every op of the lowered host graph is a kernel launch, a
+    tensor-parallel collective or a host op (:data:`fusionc.runtime.host_ops.HOST_OPS`)."""
+    from fusionc.runtime.host_ops import HOST_OPS
     for op in host.body:
-        if op.name != "launch" and op.name not in COMM_OPS:
+        if op.name != "launch" and op.name not in HOST_OPS:
             raise CompileError("op is not part of a fused kernel; the GPU runtime runs only "
                                "launches and collectives", op=op.name, loc=op.loc,
                                valid="attention and MLP blocks, all_reduce (+ add (+ "
@@ -159,11 +187,13 @@ class CompiledGraph:
                                  f"{self.max_batch}; compile with a larger max_batch")
         objs = dict(given)
         stream = arrays.current_stream(torch_mode)
+        from fusionc.runtime.host_ops import Streams, run_host_op
+        streams = Streams(stream, self._side_stream)
         for op in self.host.body:
             if op.name != "launch":
-                from fusionc.runtime.comm_ops import run_comm_op
-                run_comm_op(self, op, views, objs, env, torch_mode, outputs, stream)
+                run_host_op(self, op, views, objs, env, torch_mode, outputs, streams)
                 continue
+            streams.before(op, 0)
             k = self.module[op.attr("kernel").name]
             if k.name not in self._loaded:
                 self._loaded[k.name] = LoadedKernel(self.kernels[k.name])
@@ -179,7 +209,16 @@ class CompiledGraph:
                 if p.name in result_of:
                     r = result_of[p.name]
                     views[r.name], objs[r.name] = views[a.name], objs[a.name]
+        streams.join()
         return tuple(objs[v.name] for v in self.host.outputs)
+
+    def _side_stream(self):
+        """The side stream of token-split overlap (created once, high priority)."""
+        if getattr(self, "_side", None) is None:
+            import cupy
+            lo, hi = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+            self._side = cupy.cuda.Stream(non_blocking=True, priority=hi)
+        return self._side
 
     def _named(self, args, kwargs) -> dict:
         names = self.params

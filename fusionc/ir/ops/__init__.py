@@ -6,7 +6,7 @@ Tile IR (per-CTA programs of cluster kernels): :mod:`.tile_memory`, :mod:`.tile_
 :mod:`.tile_compute`, :mod:`.tile_grid`; the ``kernel`` item kind in :mod:`fusionc.ir.kernel`.
 """
 from fusionc.ir.ops import attention, comm, elementwise, linear, mla  # noqa: F401
-from fusionc.ir.ops import norm, rope, shape  # noqa: F401
+from fusionc.ir.ops import norm, rope, shape, tokens  # noqa: F401
 from fusionc.ir.ops import tile_attention, tile_collective, tile_compute, tile_grid  # noqa: F401
 from fusionc.ir.ops import tile_memory  # noqa: F401
 from fusionc.ir import kernel  # noqa: F401,E402

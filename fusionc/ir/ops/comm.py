@@ -16,11 +16,13 @@ import numpy as np
 from fusionc.interp.numerics import round_to
 from fusionc.ir.ops.common import io_cost
 from fusionc.ir.ops.norm import rms_norm_values
-from fusionc.ir.registry import (FLOAT, FLOAT_DTYPES_TEXT, POS_INT, OpDef, attr, enum, fail,
-                                 register, same_dtype)
+from fusionc.ir.registry import (FLOAT, FLOAT_DTYPES_TEXT, NONNEG_INT, POS_INT, OpDef, attr,
+                                 enum, fail, register, same_dtype)
 from fusionc.ir.types import FLOAT_DTYPES
 
 SCOPE = enum("nvlink", "nccl")
+STREAM = attr("stream", NONNEG_INT, 0, omit=True,
+              doc="0: the compute stream; 1: the communication stream of token-split overlap")
 
 
 def _infer(op):
@@ -41,8 +43,8 @@ def _run(op, args, ctx):
 
 register(OpDef("all_reduce", __doc__, ("x",),
                (attr("group", POS_INT, doc="number of ranks in the tensor-parallel group"),
-                attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl")),
-               _infer, interpret=_run, cost=io_cost))
+                attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl"),
+                STREAM), _infer, interpret=_run, cost=io_cost))
 
 
 _ADD_DOC = """all_reduce_add: ``h = all_reduce(x) + residual`` as one collective (the residual add
@@ -75,8 +77,8 @@ def _run_add(op, args, ctx):
 
 register(OpDef("all_reduce_add", _ADD_DOC, ("x", "residual"),
                (attr("group", POS_INT, doc="number of ranks in the tensor-parallel group"),
-                attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl")),
-               _infer_add, interpret=_run_add, cost=io_cost))
+                attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl"),
+                STREAM), _infer_add, interpret=_run_add, cost=io_cost))
 
 
 _FUSED_DOC = """all_reduce_add_rms_norm: ``h = all_reduce(x) + residual``,
@@ -151,5 +153,5 @@ def _run_fused(op, args, ctx):
 register(OpDef("all_reduce_add_rms_norm", _FUSED_DOC, ("x", "residual", "weight"),
                (attr("group", POS_INT, doc="number of ranks in the tensor-parallel group"),
                 attr("eps", FLOAT, doc="RMSNorm epsilon"),
-                attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl")),
-               _infer_fused, interpret=_run_fused, cost=io_cost))
+                attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl"),
+                STREAM), _infer_fused, interpret=_run_fused, cost=io_cost))

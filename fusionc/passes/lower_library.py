@@ -1,0 +1,33 @@
+"""Pass ``lower-library``: linear layers over many tokens become library calls —
+``linear(x, w)`` → ``library_call(x, w) {fn = cublas_gemm}`` (one cuBLAS GEMM through CuPy,
+fp32 accumulation). fusionc's fused cluster kernels are for decode (a few tokens); for prefill
+and large batches a GEMM-class library is faster. The rest of such a graph (RMSNorm,
+SiLU·mul, adds, splits) runs as CuPy elementwise kernels and the collectives as fusionc's
+all-reduce kernels (:mod:`fusionc.runtime.host_ops`). A linear with a bias is left alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusionc.ir.nodes import Graph, Module, Op
+from fusionc.ir.registry import lookup
+from fusionc.passes.base import Pass, register_pass
+
+
+@register_pass
+@dataclass(frozen=True)
+class LowerLibrary(Pass):
+    """See the module docstring."""
+
+    name = "lower-library"
+
+    def run(self, module: Module) -> Module:
+        return Module(tuple(self.rewrite(g) if g.kind == "graph" else g
+                            for g in module.graphs))
+
+    def rewrite(self, g: Graph) -> Graph:
+        """``g`` with every bias-free linear as a cuBLAS library call."""
+        attrs = lookup("library_call").make_attrs({"fn": "cublas_gemm"})
+        return g.replace(body=tuple(
+            Op("library_call", op.results, op.operands, attrs, loc=op.loc)
+            if op.name == "linear" and len(op.operands) == 2 else op for op in g.body))

@@ -1,0 +1,92 @@
+"""Library calls on the GPU: cuBLAS GEMMs and CuPy elementwise kernels for the graph ops that
+run outside fusionc's own kernels (prefill-sized tensors, the decode step's head). fp32
+arithmetic, one rounding to the storage dtype per op — the interpreter's rules.
+
+Storage dtypes as in :mod:`fusionc.runtime.arrays`: f16 arrays are float16, bf16 arrays uint16
+bit patterns, f32 arrays float32. Every call runs on the current CuPy stream.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+# 16-bit storage <-> fp32 in the CuPy kernels, per storage dtype
+PREAMBLE = {
+    "f16": r"""
+__device__ __forceinline__ float fc_f32(float16 x) { return float(x); }
+__device__ __forceinline__ void fc_store(float v, float16 &o) { o = float16(v); }
+""",
+    "bf16": r"""
+__device__ __forceinline__ float fc_f32(unsigned short x) {   // bf16 bits
+  return __uint_as_float(((unsigned int)x) << 16); }
+__device__ __forceinline__ void fc_store(float v, unsigned short &o) {   // round to nearest even
+  unsigned int u = __float_as_uint(v);
+  o = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); }
+""",
+    "f32": r"""
+__device__ __forceinline__ float fc_f32(float x) { return x; }
+__device__ __forceinline__ void fc_store(float v, float &o) { o = v; }
+""",
+}
+CUDA_R = {"f16": 2, "bf16": 14, "f32": 0}  # cudaDataType: CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F
+_GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
+_ONE_ZERO = np.array([1.0, 0.0], np.float32)  # alpha, beta (host pointer mode)
+
+
+@functools.cache
+def norm_kernels(dtype: str):
+    """(sum of squares per row, scale and round) CuPy kernels of RMSNorm (Zhang & Sennrich
+    2019, eq. 4): ``y = w · (x · rsqrt(mean(x²) + eps))``."""
+    import cupy
+    sumsq = cupy.ReductionKernel("T x", "float32 y", "fc_f32(x) * fc_f32(x)", "a + b", "y = a",
+                                 "0", "fc_sumsq", preamble=PREAMBLE[dtype])
+    scale = cupy.ElementwiseKernel(
+        "T x, T w, float32 ss, float32 n, float32 eps", "T y",
+        "fc_store(fc_f32(w) * (fc_f32(x) * rsqrtf(ss / n + eps)), y)", "fc_rms_scale",
+        preamble=PREAMBLE[dtype])
+    return sumsq, scale
+
+
+@functools.cache
+def _binary(dtype: str, name: str, expr: str):
+    import cupy
+    return cupy.ElementwiseKernel("T a, T b", "T y", f"float u = fc_f32(a), v = fc_f32(b); "
+                                  f"fc_store({expr}, y)", f"fc_{name}", preamble=PREAMBLE[dtype])
+
+
+def rms_norm(x, w, eps: float, out, dtype: str) -> None:
+    """``out = rms_norm(x) · w`` over the last axis (x ``[T, D]``, w ``[D]``)."""
+    import cupy
+    sumsq, scale = norm_kernels(dtype)
+    ss = sumsq(x, axis=1, keepdims=True) if x.shape[0] else cupy.empty((0, 1), cupy.float32)
+    scale(x, w[None, :], ss, np.float32(x.shape[1]), np.float32(eps), out)
+
+
+def silu_mul(gate, up, out, dtype: str) -> None:
+    """``out = silu(gate) · up`` (Shazeer 2020, SwiGLU), fp32 math, one rounding."""
+    _binary(dtype, "silu_mul", "u / (1.0f + expf(-u)) * v")(gate, up, out)
+
+
+def add(a, b, out, dtype: str) -> None:
+    """``out = a + b`` rounded once."""
+    _binary(dtype, "add", "u + v")(a, b, out)
+
+
+def gemm(x, w, out, dtype: str) -> None:
+    """``out [T, N] = x [T, K] · w [N, K]ᵀ`` with cublasGemmEx: 16-bit (or fp32) inputs and
+    output, fp32 compute. ``x`` may be a row-strided view (its rows contiguous)."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+    T, K = x.shape
+    N = w.shape[0]
+    if T == 0:
+        return
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    t, a = CUDA_R[dtype], _ONE_ZERO.ctypes.data
+    # column-major: out^T [N, T] = w [N, K] · x^T [K, T]
+    cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, N, T, K, a, w.data.ptr, t, K,
+                  x.data.ptr, t, x.strides[0] // x.itemsize, a + 4, out.data.ptr, t, N,
+                  cublas.CUBLAS_COMPUTE_32F, _GEMM_DEFAULT)
