@@ -216,8 +216,11 @@ class CompiledGraph:
         """The side stream of token-split overlap (created once, high priority)."""
         if getattr(self, "_side", None) is None:
             import cupy
-            lo, hi = cupy.cuda.runtime.deviceGetStreamPriorityRange()
-            self._side = cupy.cuda.Stream(non_blocking=True, priority=hi)
+
+            from fusionc.runtime.launch import check, driver
+            _, greatest = check(driver().cuCtxGetStreamPriorityRange(),
+                                "cuCtxGetStreamPriorityRange")
+            self._side = cupy.cuda.Stream(non_blocking=True, priority=int(greatest))
         return self._side
 
     def _named(self, args, kwargs) -> dict:
