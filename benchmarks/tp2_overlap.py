@@ -5,8 +5,10 @@ all-reduce + residual) and the O projection with its fused all-reduce + residual
 
     fusionc launch -n 2 -- python3 benchmarks/tp2_overlap.py [--tokens 512,1024,...]
 
-Columns, ms per call (CUDA events around one call, median of --reps after warm-up; the ranks
-interlock on every all-reduce; rank 0's clock): no overlap (``split_tokens=1``: GEMMs, then
+Columns, ms per call (each variant captured once in a CUDA graph on a CuPy stream — the
+Python dispatch of the host ops would otherwise dominate — and replayed; CUDA events around
+each replay, median of --reps after warm-up; the ranks interlock on every all-reduce; rank 0's
+clock): no overlap (``split_tokens=1``: GEMMs, then
 the all-reduce on 128 CTAs), split-overlap with 2 and 4 blocks (each block's all-reduce but the
 last on a side stream with --side-ctas CTAs, beside the next block's GEMMs), and the same
 computation with the communication removed (``collective=False``: a local residual add).
@@ -25,18 +27,33 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 
 
-def time_call(fn, dev, reps: int) -> float:
-    """ms per call: CUDA events around each call on the current stream, median."""
+def capture(fn, dev):
+    """(graph, stream, outputs): ``fn(**dev)`` captured on a new CuPy stream after a warm-up
+    call there (which fills the memory pool, so the capture allocates nothing new)."""
     import cupy
-    for _ in range(3):
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
         fn(**dev)
-    cupy.cuda.Device().synchronize()
+        s.synchronize()
+        s.begin_capture()
+        outs = fn(**dev)
+        graph = s.end_capture()
+    return graph, s, outs
+
+
+def time_call(fn, dev, reps: int) -> float:
+    """ms per call: CUDA-graph replays with CUDA events around each, median."""
+    import cupy
+    graph, s, _ = capture(fn, dev)
+    for _ in range(3):
+        graph.launch(s)
+    s.synchronize()
     ts = []
     for _ in range(reps):
         a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        fn(**dev)
-        b.record()
+        a.record(s)
+        graph.launch(s)
+        b.record(s)
         b.synchronize()
         ts.append(cupy.cuda.get_elapsed_time(a, b))
     return statistics.median(ts)

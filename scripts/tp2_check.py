@@ -303,7 +303,6 @@ def check_split_tokens(comm, report, quick):
     interpreter over both ranks, many overlapped calls without a hang, and a CUDA-graph
     replay if cuBLAS can be captured."""
     import cupy
-    import torch
 
     import fusionc as fc
     from fusionc.commands.compile import random_inputs
@@ -354,22 +353,20 @@ def check_split_tokens(comm, report, quick):
     cupy.cuda.Device().synchronize()
     comm.check()
     out["loop"] = {"calls": n, "mismatches": bad, "seconds": time.perf_counter() - t0}
-    try:   # a CUDA graph of the split step (cuBLAS through CuPy's low-level binding)
-        s = torch.cuda.Stream()
-        gr = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(s):
-            fn(**dev)
-            torch.cuda.synchronize()
-            with torch.cuda.graph(gr, stream=s):
-                o = fn(**dev)[0]
+    try:   # a CUDA graph of the split step on a CuPy stream (fork/join through events)
+        sys.path.insert(0, "benchmarks")
+        from tp2_overlap import capture
+        graph, s, outs = capture(fn, dev)
+        outs[0].fill(0)
+        cupy.cuda.Device().synchronize()   # the poison lands before the replays
         for _ in range(100):
-            gr.replay()
-        torch.cuda.synchronize()
+            graph.launch(s)
+        s.synchronize()
         comm.check()
         out["graph"] = {"replays": 100, "equal": bool(np.array_equal(
-            download(o, g.outputs[0].type.dtype), first))}
-    except Exception as e:  # noqa: BLE001 - recorded: capture may not be supported
-        torch.cuda.synchronize()
+            download(outs[0], g.outputs[0].type.dtype), first))}
+    except Exception as e:  # noqa: BLE001 - recorded
+        cupy.cuda.Device().synchronize()
         out["graph"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     report["split_tokens"] = out
 
