@@ -73,18 +73,40 @@ def add(a, b, out, dtype: str) -> None:
     _binary(dtype, "add", "u + v")(a, b, out)
 
 
+_HANDLES: dict = {}
+
+
+def _handle(stream):
+    """A cuBLAS handle bound to ``stream`` once (CuPy refuses ``setStream`` while a CUDA graph
+    is being captured, so each stream gets its own handle, created on its first, uncaptured,
+    call — the warm-up before a capture)."""
+    from cupy_backends.cuda.libs import cublas
+
+    from fusionc.errors import DeviceError
+    key = (stream.ptr, stream.device_id if hasattr(stream, "device_id") else 0)
+    if key not in _HANDLES:
+        if stream.is_capturing():
+            raise DeviceError("the first cuBLAS call on a stream is being captured",
+                              op="library_call", valid="call the graph once on that stream "
+                              "before capturing it (the warm-up creates its cuBLAS handle)")
+        h = cublas.create()
+        cublas.setStream(h, stream.ptr)
+        cublas.setPointerMode(h, cublas.CUBLAS_POINTER_MODE_HOST)
+        _HANDLES[key] = h
+    return _HANDLES[key]
+
+
 def gemm(x, w, out, dtype: str) -> None:
     """``out [T, N] = x [T, K] · w [N, K]ᵀ`` with cublasGemmEx: 16-bit (or fp32) inputs and
-    output, fp32 compute. ``x`` may be a row-strided view (its rows contiguous)."""
+    output, fp32 compute, on the current stream (capturable once the stream has run one call).
+    ``x`` may be a row-strided view (its rows contiguous)."""
     import cupy
     from cupy_backends.cuda.libs import cublas
     T, K = x.shape
     N = w.shape[0]
     if T == 0:
         return
-    handle = cupy.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    handle = _handle(cupy.cuda.get_current_stream())
     t, a = CUDA_R[dtype], _ONE_ZERO.ctypes.data
     # column-major: out^T [N, T] = w [N, K] · x^T [K, T]
     cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, N, T, K, a, w.data.ptr, t, K,
