@@ -76,39 +76,60 @@ def add(a, b, out, dtype: str) -> None:
 _HANDLES: dict = {}
 
 
+@functools.cache
+def _cublas():
+    """libcublas through ctypes (located by cuda-pathfinder). CuPy's cuBLAS wrappers re-bind
+    the handle's stream on every call, which CUDA-graph capture forbids; the library itself
+    is capturable."""
+    import ctypes
+
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+    lib = ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
+    P, I = ctypes.c_void_p, ctypes.c_int
+    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(P)]
+    lib.cublasSetStream_v2.argtypes = [P, P]
+    lib.cublasGemmEx.argtypes = [P, I, I, I, I, I, P, P, I, I, P, I, I, P, P, I, I, I, I]
+    return lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        from fusionc.errors import DeviceError
+        raise DeviceError(f"{what} failed: cuBLAS status {status}")
+
+
 def _handle(stream):
-    """A cuBLAS handle bound to ``stream`` once (CuPy refuses ``setStream`` while a CUDA graph
-    is being captured, so each stream gets its own handle, created on its first, uncaptured,
-    call — the warm-up before a capture)."""
-    from cupy_backends.cuda.libs import cublas
+    """A cuBLAS handle bound once to ``stream`` (created on the stream's first call, which
+    must not be captured: the warm-up before a capture)."""
+    import ctypes
 
     from fusionc.errors import DeviceError
-    key = (stream.ptr, stream.device_id if hasattr(stream, "device_id") else 0)
-    if key not in _HANDLES:
+    if stream.ptr not in _HANDLES:
         if stream.is_capturing():
             raise DeviceError("the first cuBLAS call on a stream is being captured",
                               op="library_call", valid="call the graph once on that stream "
                               "before capturing it (the warm-up creates its cuBLAS handle)")
-        h = cublas.create()
-        cublas.setStream(h, stream.ptr)
-        cublas.setPointerMode(h, cublas.CUBLAS_POINTER_MODE_HOST)
-        _HANDLES[key] = h
-    return _HANDLES[key]
+        h = ctypes.c_void_p()
+        _check(_cublas().cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
+        _check(_cublas().cublasSetStream_v2(h, stream.ptr), "cublasSetStream")
+        _HANDLES[stream.ptr] = h
+    return _HANDLES[stream.ptr]
 
 
 def gemm(x, w, out, dtype: str) -> None:
     """``out [T, N] = x [T, K] · w [N, K]ᵀ`` with cublasGemmEx: 16-bit (or fp32) inputs and
-    output, fp32 compute, on the current stream (capturable once the stream has run one call).
-    ``x`` may be a row-strided view (its rows contiguous)."""
+    output, fp32 compute (CUBLAS_COMPUTE_32F), on the current stream; capturable in a CUDA
+    graph once the stream has run one call. ``x`` may be a row-strided view (rows
+    contiguous)."""
     import cupy
-    from cupy_backends.cuda.libs import cublas
     T, K = x.shape
     N = w.shape[0]
     if T == 0:
         return
     handle = _handle(cupy.cuda.get_current_stream())
     t, a = CUDA_R[dtype], _ONE_ZERO.ctypes.data
-    # column-major: out^T [N, T] = w [N, K] · x^T [K, T]
-    cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, N, T, K, a, w.data.ptr, t, K,
-                  x.data.ptr, t, x.strides[0] // x.itemsize, a + 4, out.data.ptr, t, N,
-                  cublas.CUBLAS_COMPUTE_32F, _GEMM_DEFAULT)
+    # column-major: out^T [N, T] = w [N, K] · x^T [K, T]; CUBLAS_OP_T = 1, CUBLAS_OP_N = 0,
+    # CUBLAS_COMPUTE_32F = 68 (host pointer mode, the default, for alpha and beta)
+    _check(_cublas().cublasGemmEx(handle, 1, 0, N, T, K, a, w.data.ptr, t, K, x.data.ptr, t,
+                                  x.strides[0] // x.itemsize, a + 4, out.data.ptr, t, N, 68,
+                                  _GEMM_DEFAULT), "cublasGemmEx")
