@@ -10,9 +10,10 @@ COMM_OPS = ("all_reduce", "all_reduce_add", "all_reduce_add_rms_norm")
 
 
 def run_comm_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, outputs,
-                stream) -> None:
+                stream, alloc=None) -> None:
     """Run collective ``op`` of compiled graph ``cg`` on ``stream``; its results join
-    ``views`` (CuPy) and ``objs`` (what the caller gets back)."""
+    ``views`` (CuPy) and ``objs`` (what the caller gets back). ``alloc(result)`` gives an
+    output buffer ``(obj, view)`` (default: a new one)."""
     comm = cg.comm
     if comm is not None and op.attr("stream") != 0:
         comm = side_communicator(cg)
@@ -24,9 +25,8 @@ def run_comm_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
     if op.attr("group") != comm.world:
         raise InputError(f"group = {op.attr('group')} but the communicator has {comm.world} "
                          "ranks", op=op.name, loc=op.loc, valid=f"group = {comm.world}")
-    outs = {}
-    for r in op.results:
-        outs[r.name] = cg._output(r, r.name, env, torch_mode, outputs, views)
+    alloc = alloc or (lambda r: cg._output(r, r.name, env, torch_mode, outputs, views))
+    outs = {r.name: alloc(r) for r in op.results}
     ins = [views[v.name] for v in op.operands]
     bf16 = op.operands[0].type.dtype == DType.bf16
     kw = {"stream": stream, "dtype": "bf16" if bf16 else None, "scope": op.attr("scope")}

@@ -62,11 +62,14 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
     sid = op.attr("stream") if op.name in COMM_OPS else 0
     streams.before(op, sid)
     stream = streams.get(sid)
+
+    def alloc(r):   # a block of a token_concat is written in place into its rows
+        return _block_output(cg, r, env, torch_mode, outputs, views)
     with stream:
         if op.name in COMM_OPS:
             for v in op.operands:   # feature splits are strided views; collectives move rows
                 views[v.name] = _contiguous(views[v.name])
-            run_comm_op(cg, op, views, objs, env, torch_mode, outputs, stream)
+            run_comm_op(cg, op, views, objs, env, torch_mode, outputs, stream, alloc)
             return
         args = [views[v.name] for v in op.operands]
         if op.name in ("split", "token_split"):
@@ -74,7 +77,17 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
             for r, x in zip(op.results, results):
                 views[r.name] = objs[r.name] = x
             return
-        outs = [cg._output(r, r.name, env, torch_mode, outputs, views) for r in op.results]
+        if op.name == "token_concat":   # the blocks were written into it in place
+            obj, view = _concat_buffer(cg, op.result, env, torch_mode, outputs, views)
+            row = 0
+            for block in args:   # a block that is a view of something else: copied
+                rows = view[row:row + block.shape[0]]
+                if block.shape[0] and block.data.ptr != rows.data.ptr:
+                    rows[...] = block
+                row += block.shape[0]
+            objs[op.result.name], views[op.result.name] = obj, view
+            return
+        outs = [alloc(r) for r in op.results]
         _compute(op, args, [view for _, view in outs], env)
         for r, (obj, view) in zip(op.results, outs):
             objs[r.name], views[r.name] = obj, view
@@ -104,11 +117,37 @@ def _compute(op, args: list, outs: list, env: dict) -> None:
         library.silu_mul(args[0], args[1], outs[0], dt)
     elif op.name == "add":
         library.add(args[0], args[1], outs[0], dt)
-    elif op.name == "token_concat":
-        row = 0
-        for block in args:
-            outs[0][row:row + block.shape[0]] = block
-            row += block.shape[0]
+
+
+def _concat_buffer(cg, whole, env, torch_mode, outputs, views):
+    """The output buffer ``(obj, view)`` of token_concat result ``whole`` (allocated once per
+    call, when its first block is produced)."""
+    key = "\0concat:" + whole.name
+    if key not in views:
+        views[key] = cg._output(whole, whole.name, env, torch_mode, outputs, views)
+    return views[key]
+
+
+def _block_output(cg, r, env, torch_mode, outputs, views):
+    """A new buffer for result ``r``, or, when ``r`` is block i of a token_concat, the view of
+    rows ``[B.0 + ... + B.(i-1), ...)`` of the concatenated buffer (no copy at the end)."""
+    where = _concat_blocks(cg).get(r.name)
+    if where is None:
+        return cg._output(r, r.name, env, torch_mode, outputs, views)
+    whole, i = where
+    obj, view = _concat_buffer(cg, whole, env, torch_mode, outputs, views)
+    base = whole.type.shape[0]
+    start = sum(env[part_symbol(base, j)] for j in range(i))
+    stop = start + env[part_symbol(base, i)]
+    return obj[start:stop], view[start:stop]
+
+
+def _concat_blocks(cg) -> dict:
+    """``{block value name: (concatenated value, index)}`` of the host graph (cached)."""
+    if getattr(cg, "_blocks", None) is None:
+        cg._blocks = {v.name: (op.result, i) for op in cg.host.body
+                      if op.name == "token_concat" for i, v in enumerate(op.operands)}
+    return cg._blocks
 
 
 def _contiguous(x):
