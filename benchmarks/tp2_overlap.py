@@ -70,7 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="512,1024,2048,4096,8192")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--side-ctas", type=int, default=16)
+    ap.add_argument("--side-ctas", type=int, default=32)
     ap.add_argument("--json")
     args = ap.parse_args()
     import cupy

@@ -325,7 +325,8 @@ def check_split_tokens(comm, report, quick):
             dev = {p.name: upload(mine[p.name], p.type.dtype) for p in g.params}
             res = {}
             for parts in (1, 2):
-                fn = fc.compile(g, max_batch=T, comm=comm, split_tokens=parts)
+                fn = fc.compile(g, max_batch=T, comm=comm, split_tokens=parts,
+                                min_split_tokens=1000)
                 res[parts] = [download(o, v.type.dtype) for o, v in zip(fn(**dev), g.outputs)]
                 comm.check()
             rows = np.sort(rng.choice(T, 32, replace=False))
@@ -343,7 +344,7 @@ def check_split_tokens(comm, report, quick):
     T = 2048
     ins = rank_inputs(random_inputs(g, T, np.random.default_rng(5)), "mlp", comm.rank)
     dev = {p.name: upload(ins[p.name], p.type.dtype) for p in g.params}
-    fn = fc.compile(g, max_batch=T, comm=comm, split_tokens=2)
+    fn = fc.compile(g, max_batch=T, comm=comm, split_tokens=2, min_split_tokens=1000)
     first = download(fn(**dev)[0], g.outputs[0].type.dtype)
     n, bad, t0 = (200 if quick else 1000), 0, time.perf_counter()
     for i in range(n):

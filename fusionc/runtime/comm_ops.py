@@ -48,7 +48,7 @@ def side_communicator(cg):
         from fusionc.comm import Communicator
         main = cg.comm
         cg._side_comm = Communicator(main.group, max_bytes=main.max_bytes,
-                                     ctas=getattr(cg, "side_ctas", 16),
+                                     ctas=getattr(cg, "side_ctas", 32),
                                      timeout_s=main.timeout_ns / 1e9, backend=main.backend,
                                      two_shot_from=main.two_shot_from, chunk=main.chunk)
     return cg._side_comm

@@ -18,7 +18,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             scheme: str = "auto", kv_len: int = 4096, pipeline: str | None = None,
             codegen=None, autotune: bool = False, progress=None,
             pdl: bool = False, comm=None, split_tokens: int | None = None,
-            min_split_tokens: int = 1024, side_ctas: int = 16) -> "CompiledGraph":
+            min_split_tokens: int = 4096, side_ctas: int = 32) -> "CompiledGraph":
     """Lower, fuse, generate and compile ``program`` for the GPU.
 
     Args:
@@ -42,8 +42,11 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             linear layers to cuBLAS (pass ``lower-library``) and, with collectives, are cut into
             this many token blocks whose all-reduces overlap the next block's GEMMs (pass
             ``split-tokens``); None: 2 with collectives, else 1.
-        min_split_tokens: below this many tokens a call is not split (measured threshold).
-        side_ctas: CTAs of the side stream's all-reduce (beside the GEMMs).
+        min_split_tokens: below this many tokens a call is not split. Measured on two H200s
+            (BENCHMARKS.md, token-split table): splitting pays from 2048 tokens for the
+            O projection and only at 8192 for the MLP, whose all-reduce is already ~2% of it.
+        side_ctas: CTAs of the side stream's all-reduce (beside the GEMMs; 32 measured better
+            than 16).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
