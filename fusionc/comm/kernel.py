@@ -34,7 +34,7 @@ word ``epoch << 32 | n << 20 | k`` into its slot of every peer's flag region; th
   and token count; a peer that launched another call is reported (``MISMATCH``); a CTA whose
   peer CTA does not exist times out.
 * **Bounded spins and poisoning**: ``%globaltimer`` past ``timeout_ns`` (or a mismatch) makes
-  the CTA write an abort word into every rank's region and an error word (code, CTA) into
+  the CTA write an abort word (``(rank + 1) << 8 | code``) into every rank's region and an error word (code, CTA) into
   host-mapped memory that the host turns into :class:`fusionc.comm.CommError`; every later wait
   on any rank sees the abort word and fails too (``PEER``), so no call after a failure returns
   data silently.

@@ -92,9 +92,12 @@ _DECODE_ONLY = ("decode_attention", "kv_cache_append", "mla_decode_attention", "
 
 
 def _prefill(g: Graph, max_batch: int) -> bool:
-    """Many tokens and no attention: the library (GEMM) lowering instead of the decode
-    kernels."""
-    return max_batch >= PREFILL_TOKENS and not any(op.name in _DECODE_ONLY for op in g.body)
+    """No attention, and many tokens or no block the decode kernels fuse (e.g. a lone output
+    projection): the library (GEMM) lowering instead of the decode kernels."""
+    if any(op.name in _DECODE_ONLY for op in g.body):
+        return False
+    from fusionc.lower.stages import find_stages
+    return max_batch >= PREFILL_TOKENS or not find_stages(g)
 
 
 def _has_collectives(g: Graph) -> bool:
