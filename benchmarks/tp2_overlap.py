@@ -29,7 +29,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples")
 
 def capture(fn, dev):
     """(graph, stream, outputs): ``fn(**dev)`` captured on a new CuPy stream after a warm-up
-    call there (which fills the memory pool, so the capture allocates nothing new)."""
+    call there (cuBLAS handle, side communicator); the compiled graph keeps the buffers that
+    the capture allocated."""
     import cupy
     s = cupy.cuda.Stream(non_blocking=True)
     with s:

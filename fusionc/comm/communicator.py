@@ -72,7 +72,7 @@ class Communicator:
         self.ctas, self.two_shot_from, self.chunk = ctas, two_shot_from, chunk
         self.max_bytes = -(-max_bytes // 256) * 256
         self.timeout_ns = int(1e9 * timeout_s)
-        self.broken, self.nccl, self.peers = None, None, None
+        self.broken, self.nccl, self.peers, self._sides = None, None, None, {}
         settings = (self.max_bytes, ctas, two_shot_from, chunk, backend, self.timeout_ns)
         theirs = self.group.all_gather(settings)
         if any(s != settings for s in theirs):
@@ -118,11 +118,34 @@ class Communicator:
     def flag_bytes(self) -> int:
         return self.peers.flag_bytes if self.peers else 0
 
+    def side(self, ctas: int) -> Communicator:
+        """A communicator for a second stream (its own flags; same group and options but
+        ``ctas``), created on first use — a collective call: every rank must reach it, and
+        not while a CUDA graph is being captured — and checked and closed with this one.
+
+        Raises:
+            CommError: called during a capture.
+        """
+        if ctas not in self._sides:
+            import cupy
+            if cupy.cuda.get_current_stream().is_capturing():
+                raise CommError("the side-stream communicator would be created during a "
+                                "CUDA-graph capture", op="all_reduce",
+                                valid="run the graph once before capturing it")
+            self._sides[ctas] = Communicator(
+                self.group, max_bytes=self.max_bytes, ctas=ctas,
+                timeout_s=self.timeout_ns / 1e9, backend=self.backend,
+                two_shot_from=self.two_shot_from, chunk=self.chunk)
+        return self._sides[ctas]
+
     def close(self) -> None:
-        """Release the regions (every rank must call it, together); later calls raise
-        CommError. The process group stays open for other communicators."""
+        """Release the regions, this communicator's and its side communicators' (every rank
+        must call it, together); later calls raise CommError. The process group stays open for
+        other communicators."""
         if self.broken == "closed":
             return
+        for s in self._sides.values():
+            s.close()
         if self.peers is not None:
             self.peers.release()
             self.peers = None
@@ -142,6 +165,8 @@ class Communicator:
         if sync and self.broken is None:
             import cupy
             cupy.cuda.Device().synchronize()
+        for s in self._sides.values():
+            s.check(sync=False)
         code, cta = self._error.read() if self.broken is None else (0, 0)
         if code:
             self.broken = f"{ERRORS.get(code, f'error {code}')} (rank {self.rank}, CTA {cta})"
@@ -186,6 +211,8 @@ class Communicator:
         two = algo == "twoshot" or (algo == "auto" and self.two_shot_from is not None
                                     and a.tokens >= self.two_shot_from)
         stream = as_stream(stream) or a.stream
+        if a.tokens == 0:   # every rank has the same shapes: all skip the launch
+            return a.results()
         if scope == "nccl" or self.backend == "nccl":
             self._nccl().all_reduce(a, stream)
             self._launch(self._spec(1, a, False), a, stream, reduced=True)

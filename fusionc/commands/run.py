@@ -37,8 +37,8 @@ def setup(p):
                    help="a size for build() (repeatable)")
     p.add_argument("--reps", type=positive_int, default=50, help="timed launches (default 50)")
     p.add_argument("--split-tokens", type=positive_int, metavar="PARTS",
-                   help="token blocks of a many-token graph with collectives (1: no split; "
-                        "default 2)")
+                   help="token blocks of a many-token graph (1: no split; default 2 with "
+                        "collectives, else 1)")
 
     def run(args):
         return run_main(args)
@@ -107,8 +107,12 @@ def run_graph(g, args) -> tuple[str, bool]:
 
 
 def _token_rows(g, name: str) -> bool:
+    """Whether parameter ``name`` has the token (batch) dim first: the symbolic leading dim of
+    the graph's first such parameter."""
+    sym = next((p.type.shape[0] for p in g.params if p.type.rank and
+                isinstance(p.type.shape[0], str)), None)
     p = next(p for p in g.params if p.name == name)
-    return p.type.rank >= 1 and p.type.shape[0] == "B"
+    return sym is not None and p.type.rank >= 1 and p.type.shape[0] == sym
 
 
 def _sample_rows(g, batch: int, rng):

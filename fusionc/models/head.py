@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from fusionc.runtime.library import _GEMM_DEFAULT
 from fusionc.runtime.library import CUDA_R as _CUDA_R
 from fusionc.runtime.library import norm_kernels as _kernels
-
-_GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
 
 
 class Head:

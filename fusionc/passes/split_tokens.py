@@ -20,12 +20,11 @@ from dataclasses import dataclass
 
 from fusionc.errors import PassError
 from fusionc.ir.nodes import Graph, Module, Op, Value
-from fusionc.ir.ops.tokens import part_symbol
+from fusionc.ir.ops.tokens import HOST_ROWWISE, part_symbol
 from fusionc.ir.registry import lookup
 from fusionc.passes.base import Pass, register_pass
 
-ROWWISE = frozenset({"linear", "library_call", "rms_norm", "silu_mul", "silu", "add", "mul",
-                     "split", "all_reduce", "all_reduce_add", "all_reduce_add_rms_norm"})
+ROWWISE = HOST_ROWWISE | {"linear"}   # what the runtime can run outside fusionc kernels
 COMM = frozenset({"all_reduce", "all_reduce_add", "all_reduce_add_rms_norm"})
 
 
@@ -104,15 +103,15 @@ def _block_type(t, sym: str, i: int):
 
 def _check_rowwise(op: Op, sym: str) -> None:
     rows = [v for v in op.operands + op.results if sym in v.type.shape]
-    bad = op.name not in ROWWISE or any(v.type.shape[0] != sym or sym in v.type.shape[1:]
+    bad = op.name not in ROWWISE or (op.name == "linear" and len(op.operands) == 3) or any(v.type.shape[0] != sym or sym in v.type.shape[1:]
                                         for v in rows)
     if op.name == "split" and op.attr("axis") % op.operands[0].type.rank == 0:
         bad = True
     if bad:
         raise PassError(f"'{op.name}' does not work row by row on the tokens {sym}",
                         op="split-tokens", loc=op.loc,
-                        valid="linear, RMSNorm, SiLU·mul, adds, feature splits and collectives "
-                              "(prefill-style graphs; attention over a KV cache is not split)")
+                        valid="linear (no bias), RMSNorm, SiLU·mul, adds, feature splits and "
+                              "collectives (prefill-style graphs; attention is not split)")
 
 
 def _n_tiles(g: Graph, tile_n: int) -> int:

@@ -41,14 +41,6 @@ def run_comm_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
 
 
 def side_communicator(cg):
-    """The communicator of the side stream (its own flags: one per stream), built on first use
-    from the main one — every rank reaches the same op, so the collective setup matches — with
-    ``cg.side_ctas`` CTAs (few: it runs beside the GEMMs of the next token block)."""
-    if getattr(cg, "_side_comm", None) is None:
-        from fusionc.comm import Communicator
-        main = cg.comm
-        cg._side_comm = Communicator(main.group, max_bytes=main.max_bytes,
-                                     ctas=getattr(cg, "side_ctas", 32),
-                                     timeout_s=main.timeout_ns / 1e9, backend=main.backend,
-                                     two_shot_from=main.two_shot_from, chunk=main.chunk)
-    return cg._side_comm
+    """The communicator of the side stream: ``cg.comm.side(cg.side_ctas)`` (its own flags —
+    one per stream — owned, checked and closed by the main one)."""
+    return cg.comm.side(cg.side_ctas)

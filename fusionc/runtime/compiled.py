@@ -42,7 +42,8 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             linear layers to cuBLAS (pass ``lower-library``) and, with collectives, are cut into
             this many token blocks whose all-reduces overlap the next block's GEMMs (pass
             ``split-tokens``); None: 2 with collectives, else 1.
-        min_split_tokens: below this many tokens a call is not split. Measured on two H200s
+        min_split_tokens: below this many tokens a call runs as one block (its collective on the
+            compute stream, as without a split). Measured on two H200s
             (BENCHMARKS.md, token-split table): splitting pays from 2048 tokens for the
             O projection and only at 8192 for the MLP, whose all-reduce is already ~2% of it.
         side_ctas: CTAs of the side stream's all-reduce (beside the GEMMs; 32 measured better
@@ -57,6 +58,11 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     from fusionc.passes import run_pipeline
     from fusionc.passes.pipeline import default_pipeline
     _check_options(program, max_batch, kv_len, cluster)
+    for name_, v, lo in (("split_tokens", split_tokens, 1), ("min_split_tokens",
+                                                            min_split_tokens, 0),
+                         ("side_ctas", side_ctas, 1)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            raise InputError(f"{name_} = {v!r}", valid=f"an integer >= {lo}")
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
     if pipeline is None and codegen is None and cluster == 0 and scheme == "auto":
@@ -69,7 +75,8 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
         from fusionc.codegen import CodegenOptions
         codegen = dataclasses.replace(codegen or CodegenOptions(), pdl=True)
     if pipeline is None and _prefill(module[name], max_batch):
-        parts = split_tokens or (2 if _has_collectives(module[name]) else 1)
+        parts = split_tokens if split_tokens is not None else (
+            2 if _has_collectives(module[name]) else 1)
         pipeline = (f"fuse-allreduce-norm,split-tokens{{parts={parts},"
                     f"min_tokens={min_split_tokens}}},lower-library")
     pipeline = pipeline or default_pipeline(cluster, scheme, max_batch, kv_len)
@@ -82,9 +89,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             if progress:
                 progress(f"compiling {g.name}")
             kernels[g.name] = compile_kernel(g, codegen)
-    out = CompiledGraph(lowered, host, kernels, max_batch, comm)
-    out.side_ctas = side_ctas
-    return out
+    return CompiledGraph(lowered, host, kernels, max_batch, comm, side_ctas)
 
 
 PREFILL_TOKENS = 256
@@ -130,14 +135,21 @@ def _tuned(g: Graph, max_batch: int, kv_len: int, search: bool):
 
 def check_launches_only(host: Graph) -> None:
     """CompileError unless every op of the lowered host graph is a kernel launch, a
-    tensor-parallel collective or a host op (:data:`fusionc.runtime.host_ops.HOST_OPS`)."""
+    tensor-parallel collective or a host op (:data:`fusionc.runtime.host_ops.HOST_OPS`) of a
+    float dtype, with RMSNorm over rows ``[T, D]``."""
     from fusionc.runtime.host_ops import HOST_OPS
     for op in host.body:
         if op.name != "launch" and op.name not in HOST_OPS:
-            raise CompileError("op is not part of a fused kernel; the GPU runtime runs only "
-                               "launches and collectives", op=op.name, loc=op.loc,
-                               valid="attention and MLP blocks, all_reduce (+ add (+ "
-                                     "rms_norm)); other ops: later passes")
+            raise CompileError("op is neither part of a fused kernel nor run by a library",
+                               op=op.name, loc=op.loc,
+                               valid="attention and MLP blocks (fused kernels); linear, "
+                                     "RMSNorm, SiLU·mul, add, feature splits and collectives "
+                                     "(library path, many tokens)")
+        if op.name in HOST_OPS and op.results and (
+                op.results[0].type.dtype.value not in ("f16", "bf16", "f32") or
+                (op.name == "rms_norm" and op.operands[0].type.rank != 2)):
+            raise CompileError(f"'{op.name}' on {op.operands[0].type}", op=op.name,
+                               loc=op.loc, valid="f16, bf16 or f32 rows [T, D]")
     if not host.body:
         raise CompileError("the graph has no attention or MLP block to compile", op=host.name,
                            loc=host.loc, valid="a graph with decode_attention or silu_mul")
@@ -157,10 +169,12 @@ class CompiledGraph:
     """A compiled graph: call it with the graph's inputs (by name or in order); returns the
     graph's outputs in order (torch tensors for torch inputs, else CuPy arrays)."""
 
-    def __init__(self, module: Module, host: Graph, kernels: dict, max_batch: int, comm=None):
+    def __init__(self, module: Module, host: Graph, kernels: dict, max_batch: int, comm=None,
+                 side_ctas: int = 32):
         self.module, self.host, self.kernels, self.max_batch = module, host, kernels, max_batch
-        self.comm = comm
-        self._loaded = {}
+        self.comm, self.side_ctas = comm, side_ctas
+        self.concat_blocks = None   # token_concat blocks (fusionc.runtime.host_ops)
+        self._loaded, self._side, self._captured = {}, None, []
 
     @property
     def params(self) -> list[str]:
@@ -216,11 +230,13 @@ class CompiledGraph:
                     r = result_of[p.name]
                     views[r.name], objs[r.name] = views[a.name], objs[a.name]
         streams.join()
+        if stream.is_capturing():   # the graph's replays write into these buffers
+            self._captured.append((views, streams.keep, streams.joined))
         return tuple(objs[v.name] for v in self.host.outputs)
 
     def _side_stream(self):
         """The side stream of token-split overlap (created once, high priority)."""
-        if getattr(self, "_side", None) is None:
+        if self._side is None:
             import cupy
 
             from fusionc.runtime.launch import check, driver

@@ -1,33 +1,37 @@
 """The ops of a lowered host graph that are not fusionc kernel launches, on the GPU: library
 calls (cuBLAS GEMMs), row-wise graph ops as CuPy kernels (RMSNorm, SiLU·mul, add, feature
-splits as views), the token blocks of ``split-tokens`` (views and a copy back), and the
-collectives (:mod:`fusionc.runtime.comm_ops`).
+splits as views), the token blocks of ``split-tokens`` (views; each block's result written in
+place into its rows of the joined buffer), and the collectives (:mod:`.comm_ops`).
 
 Streams: ``stream = 1`` collectives run on a side stream (token-split overlap); everything else
 on the caller's stream. Before an op runs, its stream waits for an event recorded on the stream
 that produced each operand (recorded then: conservative and correct); at the end the caller's
-stream waits for the side stream.
+stream waits for the side stream. Ops on a block of zero rows are skipped (every rank has the
+same block sizes). Buffers allocated during a call live until its end; while a CUDA graph is
+being captured the compiled graph keeps them for as long as it lives (the graph's replays
+write into them).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from fusionc.errors import CompileError
-from fusionc.ir.ops.tokens import SPLIT_ATTRS, part_symbol, split_sizes
+from fusionc.errors import InputError
+from fusionc.ir.ops.tokens import HOST_ROWWISE, SPLIT_ATTRS, part_symbol, split_sizes
 from fusionc.runtime import library
 from fusionc.runtime.comm_ops import COMM_OPS
 
-ROWWISE = ("library_call", "rms_norm", "silu_mul", "add", "split", "token_split",
-           "token_concat")
-HOST_OPS = frozenset(ROWWISE) | frozenset(COMM_OPS)
+HOST_OPS = HOST_ROWWISE | frozenset({"token_split", "token_concat"})
 
 
 class Streams:
-    """The caller's stream (0) and the side stream (1), with the stream each value came from."""
+    """One call's streams: the caller's (0) and the side stream (1), the stream each value
+    came from, the joined buffers of token_concat, and temporaries to keep alive."""
 
     def __init__(self, main, side_factory):
         self.main, self._side, self._factory = main, None, side_factory
         self.where: dict[str, int] = {}
+        self.joined: dict[str, tuple] = {}
+        self.keep: list = []
 
     def get(self, sid: int):
         if sid == 0:
@@ -64,31 +68,29 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
     stream = streams.get(sid)
 
     def alloc(r):   # a block of a token_concat is written in place into its rows
-        return _block_output(cg, r, env, torch_mode, outputs, views)
+        return _block_output(cg, r, env, torch_mode, outputs, views, streams)
     with stream:
-        if op.name in COMM_OPS:
-            for v in op.operands:   # feature splits are strided views; collectives move rows
-                views[v.name] = _contiguous(views[v.name])
-            run_comm_op(cg, op, views, objs, env, torch_mode, outputs, stream, alloc)
-            return
-        args = [views[v.name] for v in op.operands]
         if op.name in ("split", "token_split"):
-            results = _views(op, args[0], env)
-            for r, x in zip(op.results, results):
+            for r, x in zip(op.results, _views(op, views[op.operands[0].name], env)):
                 views[r.name] = objs[r.name] = x
             return
-        if op.name == "token_concat":   # the blocks were written into it in place
-            obj, view = _concat_buffer(cg, op.result, env, torch_mode, outputs, views)
-            row = 0
-            for block in args:   # a block that is a view of something else: copied
-                rows = view[row:row + block.shape[0]]
-                if block.shape[0] and block.data.ptr != rows.data.ptr:
-                    rows[...] = block
-                row += block.shape[0]
-            objs[op.result.name], views[op.result.name] = obj, view
+        if op.name == "token_concat":
+            _concat(cg, op, views, objs, env, torch_mode, outputs, streams)
+            return
+        if op.results and 0 in op.results[0].type.concrete(env):   # an empty block: skipped
+            for r in op.results:
+                objs[r.name], views[r.name] = alloc(r)
+            return
+        if op.name in COMM_OPS:   # feature splits are strided views; collectives move rows
+            local = dict(views)
+            for v in op.operands:
+                local[v.name] = _contiguous(views[v.name], streams)
+            run_comm_op(cg, op, local, objs, env, torch_mode, outputs, stream, alloc)
+            for r in op.results:
+                views[r.name] = local[r.name]
             return
         outs = [alloc(r) for r in op.results]
-        _compute(op, args, [view for _, view in outs], env)
+        _compute(op, [views[v.name] for v in op.operands], outs[0][1], streams)
         for r, (obj, view) in zip(op.results, outs):
             objs[r.name], views[r.name] = obj, view
 
@@ -98,44 +100,64 @@ def _views(op, x, env: dict) -> list:
         cuts = np.cumsum((0,) + tuple(op.attr("sizes")))
         return [x[..., a:b] for a, b in zip(cuts[:-1], cuts[1:])]
     sizes = split_sizes(x.shape[0], **{a.name: op.attr(a.name) for a in SPLIT_ATTRS})
-    sym = op.operands[0].type.shape[0]
-    env.update({part_symbol(sym, i): n for i, n in enumerate(sizes)})
+    bind_blocks(env, op.operands[0].type.shape[0], sizes, op)
     cuts = np.cumsum([0] + sizes)
     return [x[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
-def _compute(op, args: list, outs: list, env: dict) -> None:
+def bind_blocks(env: dict, sym: str, sizes: list[int], op) -> None:
+    """Bind ``sym.i`` to the block sizes; InputError if an input already bound them
+    otherwise."""
+    for i, n in enumerate(sizes):
+        if env.setdefault(part_symbol(sym, i), n) != n:
+            raise InputError(f"symbol {part_symbol(sym, i)} is {env[part_symbol(sym, i)]} but "
+                             f"block {i} of {sym} has {n} rows", op=op.name, loc=op.loc,
+                             valid=f"no input typed with {sym}.<i> (token_split names them)")
+
+
+def _compute(op, args: list, out, streams: Streams) -> None:
     dt = op.results[0].type.dtype.value
     if op.name == "library_call":
-        library.gemm(args[0], args[1], outs[0], dt)
+        library.gemm(args[0], args[1], out, dt)
     elif op.name == "rms_norm":
-        if op.operands[0].type.rank != 2:
-            raise CompileError("RMSNorm over a tensor of rank other than 2", op=op.name,
-                               loc=op.loc, valid="[T, D] rows")
-        library.rms_norm(args[0], args[1], op.attr("eps"), outs[0], dt)
+        streams.keep.append(library.rms_norm(args[0], args[1], op.attr("eps"), out, dt))
     elif op.name == "silu_mul":
-        library.silu_mul(args[0], args[1], outs[0], dt)
+        library.silu_mul(args[0], args[1], out, dt)
     elif op.name == "add":
-        library.add(args[0], args[1], outs[0], dt)
+        library.add(args[0], args[1], out, dt)
 
 
-def _concat_buffer(cg, whole, env, torch_mode, outputs, views):
-    """The output buffer ``(obj, view)`` of token_concat result ``whole`` (allocated once per
-    call, when its first block is produced)."""
-    key = "\0concat:" + whole.name
-    if key not in views:
-        views[key] = cg._output(whole, whole.name, env, torch_mode, outputs, views)
-    return views[key]
+def _concat(cg, op, views, objs, env, torch_mode, outputs, streams) -> None:
+    """The joined buffer; its blocks were written into it in place (a block that is a view of
+    something else is copied)."""
+    obj, view = _joined(cg, op.result, env, torch_mode, outputs, views, streams)
+    row = 0
+    for v in op.operands:
+        block = views[v.name]
+        rows = view[row:row + block.shape[0]]
+        if block.shape[0] and block.data.ptr != rows.data.ptr:
+            rows[...] = block
+        row += block.shape[0]
+    objs[op.result.name], views[op.result.name] = obj, view
 
 
-def _block_output(cg, r, env, torch_mode, outputs, views):
+def _joined(cg, whole, env, torch_mode, outputs, views, streams):
+    """The buffer ``(obj, view)`` of token_concat result ``whole`` (allocated once per call,
+    when its first block is produced)."""
+    if whole.name not in streams.joined:
+        streams.joined[whole.name] = cg._output(whole, whole.name, env, torch_mode, outputs,
+                                                views)
+    return streams.joined[whole.name]
+
+
+def _block_output(cg, r, env, torch_mode, outputs, views, streams):
     """A new buffer for result ``r``, or, when ``r`` is block i of a token_concat, the view of
-    rows ``[B.0 + ... + B.(i-1), ...)`` of the concatenated buffer (no copy at the end)."""
+    rows ``[B.0 + ... + B.(i-1), ...)`` of the joined buffer (no copy at the end)."""
     where = _concat_blocks(cg).get(r.name)
     if where is None:
         return cg._output(r, r.name, env, torch_mode, outputs, views)
     whole, i = where
-    obj, view = _concat_buffer(cg, whole, env, torch_mode, outputs, views)
+    obj, view = _joined(cg, whole, env, torch_mode, outputs, views, streams)
     base = whole.type.shape[0]
     start = sum(env[part_symbol(base, j)] for j in range(i))
     stop = start + env[part_symbol(base, i)]
@@ -143,13 +165,17 @@ def _block_output(cg, r, env, torch_mode, outputs, views):
 
 
 def _concat_blocks(cg) -> dict:
-    """``{block value name: (concatenated value, index)}`` of the host graph (cached)."""
-    if getattr(cg, "_blocks", None) is None:
-        cg._blocks = {v.name: (op.result, i) for op in cg.host.body
-                      if op.name == "token_concat" for i, v in enumerate(op.operands)}
-    return cg._blocks
+    """``{block value name: (joined value, index)}`` of the host graph (cached)."""
+    if cg.concat_blocks is None:
+        cg.concat_blocks = {v.name: (op.result, i) for op in cg.host.body
+                            if op.name == "token_concat" for i, v in enumerate(op.operands)}
+    return cg.concat_blocks
 
 
-def _contiguous(x):
+def _contiguous(x, streams: Streams):
     import cupy
-    return x if x.flags.c_contiguous else cupy.ascontiguousarray(x)
+    if x.flags.c_contiguous:
+        return x
+    y = cupy.ascontiguousarray(x)
+    streams.keep.append(y)
+    return y

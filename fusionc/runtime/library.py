@@ -55,12 +55,14 @@ def _binary(dtype: str, name: str, expr: str):
                                   f"fc_store({expr}, y)", f"fc_{name}", preamble=PREAMBLE[dtype])
 
 
-def rms_norm(x, w, eps: float, out, dtype: str) -> None:
-    """``out = rms_norm(x) · w`` over the last axis (x ``[T, D]``, w ``[D]``)."""
+def rms_norm(x, w, eps: float, out, dtype: str):
+    """``out = rms_norm(x) · w`` over the last axis (x ``[T, D]``, w ``[D]``); returns the
+    temporary sums of squares ``[T, 1]`` (keep it alive while a captured graph uses it)."""
     import cupy
     sumsq, scale = norm_kernels(dtype)
     ss = sumsq(x, axis=1, keepdims=True) if x.shape[0] else cupy.empty((0, 1), cupy.float32)
     scale(x, w[None, :], ss, np.float32(x.shape[1]), np.float32(eps), out)
+    return ss
 
 
 def silu_mul(gate, up, out, dtype: str) -> None:
@@ -104,7 +106,9 @@ def _handle(stream):
     import ctypes
 
     from fusionc.errors import DeviceError
-    if stream.ptr not in _HANDLES:
+    import cupy
+    key = (cupy.cuda.Device().id, stream.ptr)
+    if key not in _HANDLES:
         if stream.is_capturing():
             raise DeviceError("the first cuBLAS call on a stream is being captured",
                               op="library_call", valid="call the graph once on that stream "
@@ -112,8 +116,8 @@ def _handle(stream):
         h = ctypes.c_void_p()
         _check(_cublas().cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
         _check(_cublas().cublasSetStream_v2(h, stream.ptr), "cublasSetStream")
-        _HANDLES[stream.ptr] = h
-    return _HANDLES[stream.ptr]
+        _HANDLES[key] = h
+    return _HANDLES[key]
 
 
 def gemm(x, w, out, dtype: str) -> None:
@@ -126,10 +130,16 @@ def gemm(x, w, out, dtype: str) -> None:
     N = w.shape[0]
     if T == 0:
         return
+    for name, m in (("x", x), ("w", w), ("out", out)):
+        if m.strides[1] != m.itemsize or m.strides[0] % m.itemsize:
+            from fusionc.errors import InputError
+            raise InputError(f"{name} has strides {m.strides}", op="library_call",
+                             valid="rows of contiguous elements")
     handle = _handle(cupy.cuda.get_current_stream())
     t, a = CUDA_R[dtype], _ONE_ZERO.ctypes.data
+    ld = [m.strides[0] // m.itemsize for m in (w, x, out)]
     # column-major: out^T [N, T] = w [N, K] · x^T [K, T]; CUBLAS_OP_T = 1, CUBLAS_OP_N = 0,
     # CUBLAS_COMPUTE_32F = 68 (host pointer mode, the default, for alpha and beta)
-    _check(_cublas().cublasGemmEx(handle, 1, 0, N, T, K, a, w.data.ptr, t, K, x.data.ptr, t,
-                                  x.strides[0] // x.itemsize, a + 4, out.data.ptr, t, N, 68,
-                                  _GEMM_DEFAULT), "cublasGemmEx")
+    _check(_cublas().cublasGemmEx(handle, 1, 0, N, T, K, a, w.data.ptr, t, ld[0], x.data.ptr,
+                                  t, ld[1], a + 4, out.data.ptr, t, ld[2], 68, _GEMM_DEFAULT),
+           "cublasGemmEx")

@@ -44,6 +44,18 @@ def test_blocks_streams_and_round_trip():
     assert parse_module(print_module(out)) == out
 
 
+def test_concat_of_part_of_the_blocks_is_refused():
+    from fusionc.errors import VerifyError
+    text = ("graph @g(%x: f16[B, 8]) {\n"
+            "  %a, %b, %c = token_split(%x) {parts = 3} : f16[B.0, 8], f16[B.1, 8], f16[B.2, 8]\n"
+            "  %y = token_concat(%a, %b) : f16[B, 8]\n  return %y\n}\n")
+    with pytest.raises(VerifyError, match="blocks"):
+        parse_module(text)
+    with pytest.raises(VerifyError, match="stream"):
+        parse_module("graph @g(%x: f16[B, 8]) {\n  %y = all_reduce(%x) {group = 2, stream = 7}"
+                     " : f16[B, 8]\n  return %y\n}\n")
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("T", [1, 7, 8, 9, 31, 33, 1023, 1025])
@@ -78,7 +90,7 @@ def test_split_sizes(T, parts, n_tiles, min_tokens):
     sizes = split_sizes(T, parts, min_tokens, 128, n_tiles, 132)
     assert len(sizes) == parts and sum(sizes) == T and min(sizes) >= 0
     if T < max(min_tokens, parts * 128):
-        assert sizes[0] == T
+        assert sizes[-1] == T   # no split: the last block (collective on the compute stream)
         return
     assert all(s % 128 == 0 for s in sizes[:-1])   # GEMM tile boundaries
     per_wave = max(1, 132 // n_tiles) * 128
@@ -90,7 +102,7 @@ def test_wave_rule_on_the_llama2_mlp():
     # TP=2 gate/up GEMM: 11008 columns = 43 tiles of 256 -> 3 M-tiles (384 rows) per wave
     assert split_sizes(2048, 2, 1024, 128, 43) == [1152, 896]
     assert split_sizes(8192, 2, 1024, 128, 43) == [4224, 3968]
-    assert split_sizes(1000, 2, 1024, 128, 43) == [1000, 0]    # below the threshold
+    assert split_sizes(1000, 2, 1024, 128, 43) == [0, 1000]    # below the threshold
 
 
 def test_graphs_that_are_not_row_wise_are_refused():

@@ -25,7 +25,13 @@ STREAM = attr("stream", NONNEG_INT, 0, omit=True,
               doc="0: the compute stream; 1: the communication stream of token-split overlap")
 
 
+def _check_stream(op) -> None:
+    if op.attr("stream") not in (0, 1):
+        fail(op, f"stream = {op.attr('stream')}", "0 (compute stream) or 1 (side stream)")
+
+
 def _infer(op):
+    _check_stream(op)
     t = op.operands[0].type
     if t.dtype not in FLOAT_DTYPES:
         fail(op, f"x has dtype {t.dtype}", FLOAT_DTYPES_TEXT)
@@ -56,6 +62,7 @@ Result: h, the type of x.
 
 
 def _infer_add(op):
+    _check_stream(op)
     x, res = (v.type for v in op.operands)
     same_dtype(op, x, res)
     if x.dtype not in FLOAT_DTYPES or x.rank < 1:
@@ -99,6 +106,7 @@ Results: ``(y, h)``, each ``[T, D]`` in the dtype of x.
 
 
 def _infer_fused(op):
+    _check_stream(op)
     x, res, w = (v.type for v in op.operands)
     same_dtype(op, x, res, w)
     if x.dtype not in FLOAT_DTYPES or x.rank < 1:

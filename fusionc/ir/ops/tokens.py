@@ -8,8 +8,8 @@ every token_split of a graph with the same attributes, and bind the symbols ``B.
 token_concat: the blocks back into ``[B, ...]`` (in order).
 
 library_call: an op run by a library instead of a fusionc kernel; ``fn = cublas_gemm`` is
-``linear`` (``y = x · wᵀ``, fp32 accumulation, rounded to the dtype) as one cuBLAS GEMM through
-CuPy — the GEMM-class layer for many tokens (prefill, large batches).
+``linear`` (``y = x · wᵀ``, fp32 accumulation, rounded to the dtype) as one cuBLAS GEMM
+(``cublasGemmEx``) — the GEMM-class layer for many tokens (prefill, large batches).
 """
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ from fusionc.ir.ops.common import io_cost
 from fusionc.ir.registry import (FLOAT_DTYPES_TEXT, NONNEG_INT, POS_INT, OpDef, attr, enum,
                                  fail, register)
 from fusionc.ir.types import FLOAT_DTYPES
+
+# Row-wise graph ops: split-tokens may cut them into token blocks, and the runtime runs them
+# outside fusionc kernels (cuBLAS, CuPy kernels, the collectives).
+HOST_ROWWISE = frozenset({"library_call", "rms_norm", "silu_mul", "add", "split", "all_reduce",
+                          "all_reduce_add", "all_reduce_add_rms_norm"})
 
 SPLIT_ATTRS = (
     attr("parts", POS_INT, doc="number of row blocks"),
@@ -36,18 +41,20 @@ def split_sizes(tokens: int, parts: int, min_tokens: int = 1024, tile: int = 128
 
     A GEMM over ``s`` rows runs ``ceil(s / tile) · n_tiles`` CTAs (tiles), in waves of ``sms``.
     Blocks are whole waves where possible: the granule is ``g = floor(sms / n_tiles) · tile``
-    rows (the most M-tiles that fit one wave) when every block still gets at least two granules,
-    else ``tile``; each block but the last gets ``round(tokens / parts / granule)`` granules
-    (at least one), the last block the rest. So no block but the last ends in a partial wave.
+    rows (the most M-tiles that fit one wave) when every block still gets at least two granules
+    — then no block but the last ends in a partial wave — else ``tile`` (tile boundaries only);
+    each block but the last gets ``round(tokens / parts / granule)`` granules (at least one),
+    the last block the rest (blocks past the tokens are empty).
     TokenWeave's rule for comparison (its code): pad T to a multiple of 256, split at
     ``T_pad / 2 + offset`` with an offset in {0, 128, 256} tuned per token bucket; both split on
     GEMM-tile boundaries, this one from the wave size instead of a tuned offset.
-    Below ``min_tokens`` (or with fewer tokens than blocks × tile) the first block takes all.
+    Below ``min_tokens`` (or with fewer tokens than blocks × tile) the last block takes all:
+    its collective runs on the compute stream, as without a split (empty blocks are skipped).
 
     Returns: ``parts`` sizes summing to ``tokens``.
     """
     if parts == 1 or tokens < max(min_tokens, parts * tile):
-        return [tokens] + [0] * (parts - 1)
+        return [0] * (parts - 1) + [tokens]
     per_wave = max(1, sms // n_tiles) * tile
     granule = per_wave if tokens >= 2 * parts * per_wave else tile
     size = max(1, round(tokens / parts / granule)) * granule
@@ -71,8 +78,8 @@ def _infer_split(op):
 def _run_split(op, args, ctx):
     x = args[0]
     sizes = split_sizes(x.shape[0], **{a.name: op.attr(a.name) for a in SPLIT_ATTRS})
-    sym = op.operands[0].type.shape[0]
-    ctx.env.update({part_symbol(sym, i): n for i, n in enumerate(sizes)})
+    from fusionc.runtime.host_ops import bind_blocks
+    bind_blocks(ctx.env, op.operands[0].type.shape[0], sizes, op)
     return tuple(np.split(x, np.cumsum(sizes)[:-1], axis=0))
 
 
@@ -91,6 +98,18 @@ def _infer_concat(op):
     return (first.with_shape((base,) + first.shape[1:]),)
 
 
+def _verify_concat(op, graph, module) -> None:
+    """The blocks are every result of one token_split, in order (or of the ops that the
+    split-tokens pass repeated per block: then they carry the symbols B.0 … B.(n-1) of a
+    token_split with n parts)."""
+    base = op.operands[0].type.shape[0].rsplit(".", 1)[0]
+    parts = {o.attr("parts") for o in graph.body if o.name == "token_split"
+             and o.operands[0].type.shape[0] == base}
+    if parts and len(op.operands) not in parts:
+        fail(op, f"{len(op.operands)} blocks of {base}",
+             f"all {sorted(parts)[0]} blocks of the token_split of {base}")
+
+
 def _run_concat(op, args, ctx):
     return (np.concatenate(args, axis=0),)
 
@@ -105,7 +124,7 @@ def _infer_call(op):
 register(OpDef("token_split", __doc__, ("x",), SPLIT_ATTRS, _infer_split,
                interpret=_run_split, cost=io_cost))
 register(OpDef("token_concat", __doc__, ("blocks*",), (), _infer_concat,
-               interpret=_run_concat, cost=io_cost))
+               interpret=_run_concat, cost=io_cost, verify=_verify_concat))
 register(OpDef("library_call", __doc__, ("x", "w"),
                (attr("fn", enum("cublas_gemm"), doc="the library function"),), _infer_call,
                interpret=_linear._run, cost=_linear._cost))
