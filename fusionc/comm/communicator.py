@@ -65,7 +65,9 @@ class Communicator:
         if group is not None and not isinstance(group, Group):
             raise InputError(f"group is a {type(group).__name__}", op="Communicator",
                              valid="None (from the environment) or a fusionc.comm.Group")
-        from fusionc.comm.group import _env_int   # the GPU first: no rendezvous without one
+        from fusionc.comm.group import (
+            _env_int,  # the GPU first: no rendezvous without one
+        )
         _use_device(group.local_rank if group else _env_int("LOCAL_RANK", _env_int("RANK", 0)))
         self.group = group or Group.from_env()
         self.rank, self.world = self.group.rank, self.group.world

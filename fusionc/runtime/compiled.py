@@ -18,7 +18,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             scheme: str = "auto", kv_len: int = 4096, pipeline: str | None = None,
             codegen=None, autotune: bool = False, progress=None,
             pdl: bool = False, comm=None, split_tokens: int | None = None,
-            min_split_tokens: int = 4096, side_ctas: int = 32) -> "CompiledGraph":
+            min_split_tokens: int = 4096, side_ctas: int = 32) -> CompiledGraph:
     """Lower, fuse, generate and compile ``program`` for the GPU.
 
     Args:

@@ -17,8 +17,16 @@ import numpy as np
 
 from fusionc.ir.ops import linear as _linear
 from fusionc.ir.ops.common import io_cost
-from fusionc.ir.registry import (FLOAT_DTYPES_TEXT, NONNEG_INT, POS_INT, OpDef, attr, enum,
-                                 fail, register)
+from fusionc.ir.registry import (
+    FLOAT_DTYPES_TEXT,
+    NONNEG_INT,
+    POS_INT,
+    OpDef,
+    attr,
+    enum,
+    fail,
+    register,
+)
 from fusionc.ir.types import FLOAT_DTYPES
 
 # Row-wise graph ops: split-tokens may cut them into token blocks, and the runtime runs them
@@ -107,7 +115,7 @@ def _verify_concat(op, graph, module) -> None:
              and o.operands[0].type.shape[0] == base}
     if parts and len(op.operands) not in parts:
         fail(op, f"{len(op.operands)} blocks of {base}",
-             f"all {sorted(parts)[0]} blocks of the token_split of {base}")
+             f"all {min(parts)} blocks of the token_split of {base}")
 
 
 def _run_concat(op, args, ctx):
@@ -115,7 +123,7 @@ def _run_concat(op, args, ctx):
 
 
 def _infer_call(op):
-    x, w = (v.type for v in op.operands)
+    x = op.operands[0].type
     if x.dtype not in FLOAT_DTYPES:
         fail(op, f"x has dtype {x.dtype}", FLOAT_DTYPES_TEXT)
     return _linear._infer(op)
