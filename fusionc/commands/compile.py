@@ -50,7 +50,6 @@ def compile_main(args) -> int:
     from fusionc.commands.ir import load, parse_sizes
     from fusionc.ir import Module, print_module
     from fusionc.passes import run_pipeline
-    from fusionc.passes.pipeline import default_pipeline
     from fusionc.comm.kernel import compile_spec
     from fusionc.comm.kernel import render as render_comm
     from fusionc.errors import DSLError
@@ -64,7 +63,7 @@ def compile_main(args) -> int:
                                              if g.kind == "graph") or "a file with a graph")
     out = make_out_dir(args.out)
     lowered_input = any(g.kind == "kernel" for g in module.graphs)
-    pipeline = args.passes or default_pipeline(args.cluster, args.scheme, args.max_batch)
+    from fusionc.runtime.compiled import pipeline_for
     for g in graphs:
         stage = [0]
 
@@ -76,6 +75,7 @@ def compile_main(args) -> int:
             lowered = module
         else:
             (out / f"{g.name}.0-input.fir").write_text(print_module(Module((g,))))
+            pipeline = args.passes or pipeline_for(g, args.max_batch, args.cluster, args.scheme)
             lowered = run_pipeline(Module((g,)), pipeline, on_stage=dump)
         check_launches_only(lowered[g.name])
         specs = comm_specs(lowered[g.name])   # before any kernel: size errors come first

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from fusionc.errors import PassError
 from fusionc.ir.nodes import Graph, Module, Op, Value
-from fusionc.ir.ops.tokens import HOST_ROWWISE, part_symbol
+from fusionc.ir.ops.tokens import HOST_ROWWISE, MAX_PARTS, part_symbol
 from fusionc.ir.registry import lookup
 from fusionc.passes.base import Pass, register_pass
 
@@ -41,10 +41,11 @@ class SplitTokens(Pass):
     sms: int = 132
 
     def run(self, module: Module) -> Module:
-        if self.parts < 1 or self.tile < 1 or self.tile_n < 1 or self.sms < 1 or \
-                self.min_tokens < 0:
+        if not 1 <= self.parts <= MAX_PARTS or self.tile < 1 or self.tile_n < 1 or \
+                self.sms < 1 or self.min_tokens < 0:
             raise PassError(f"{self.spec()}", op=self.name,
-                            valid="parts, tile, tile_n, sms >= 1; min_tokens >= 0")
+                            valid=f"1 <= parts <= {MAX_PARTS}; tile, tile_n, sms >= 1; "
+                                  "min_tokens >= 0")
         return Module(tuple(self.rewrite(g) if g.kind == "graph" else g
                             for g in module.graphs))
 
@@ -54,6 +55,9 @@ class SplitTokens(Pass):
                     if p.type.rank and isinstance(p.type.shape[0], str)), None)
         if sym is None or self.parts == 1:
             return g
+        if any(op.name in ("token_split", "token_concat") for op in g.body):
+            raise PassError("the graph is already split into token blocks", op=self.name,
+                            loc=g.loc, valid="split-tokens once per pipeline")
         for op in g.body:
             _check_rowwise(op, sym)
         for v in g.outputs:
@@ -63,26 +67,31 @@ class SplitTokens(Pass):
         attrs = lookup("token_split").make_attrs(
             {"parts": self.parts, "min_tokens": self.min_tokens, "tile": self.tile,
              "n_tiles": _n_tiles(g, self.tile_n), "sms": self.sms})
+        taken = {p.name for p in g.params} | {r.name for op in g.body for r in op.results}
+        fresh = _Fresh(taken)
         body, blocks = [], {}
         for p in g.params:
             if _rows(p, sym):
-                res = tuple(Value(f"{p.name}.{i}", _block_type(p.type, sym, i))
+                res = tuple(Value(fresh(f"{p.name}.{i}"), _block_type(p.type, sym, i))
                             for i in range(self.parts))
                 body.append(Op("token_split", res, (p,), attrs, loc=g.loc))
                 blocks[p.name] = res
         for i in range(self.parts):
             for op in g.body:
-                body.append(self._block_op(op, i, sym, blocks))
-        outs = []
-        for v in g.outputs:
-            joined = Value(v.name, v.type)
-            body.append(Op("token_concat", (joined,), tuple(blocks[v.name]), (), loc=g.loc))
-            outs.append(joined)
-        return g.replace(body=tuple(body), outputs=tuple(outs))
+                body.append(self._block_op(op, i, sym, blocks, fresh))
+        joined = {}
+        for v in g.outputs:   # one joined value per output (a param or a repeated output too)
+            if v.name not in joined:
+                name = v.name if v.name not in {p.name for p in g.params} else fresh(v.name)
+                joined[v.name] = Value(name, v.type)
+                body.append(Op("token_concat", (joined[v.name],), tuple(blocks[v.name]), (),
+                               loc=g.loc))
+        return g.replace(body=tuple(body), outputs=tuple(joined[v.name] for v in g.outputs))
 
-    def _block_op(self, op: Op, i: int, sym: str, blocks: dict) -> Op:
+    def _block_op(self, op: Op, i: int, sym: str, blocks: dict, fresh) -> Op:
         operands = tuple(blocks[v.name][i] if v.name in blocks else v for v in op.operands)
-        results = tuple(Value(f"{r.name}.{i}", _block_type(r.type, sym, i)) for r in op.results)
+        results = tuple(Value(fresh(f"{r.name}.{i}"), _block_type(r.type, sym, i))
+                        for r in op.results)
         for r, b in zip(op.results, results):
             blocks.setdefault(r.name, [None] * self.parts)[i] = b
         attrs = op.attrs
@@ -90,6 +99,21 @@ class SplitTokens(Pass):
             attrs = tuple((k, (1 if i < self.parts - 1 else 0) if k == "stream" else v)
                           for k, v in attrs)
         return Op(op.name, results, operands, attrs, loc=op.loc)
+
+
+class _Fresh:
+    """Names not yet used in the graph: ``name``, else ``name_1``, ``name_2``, …"""
+
+    def __init__(self, taken: set):
+        self.taken = taken
+
+    def __call__(self, name: str) -> str:
+        out, k = name, 0
+        while out in self.taken:
+            k += 1
+            out = f"{name}_{k}"
+        self.taken.add(out)
+        return out
 
 
 def _rows(v: Value, sym: str) -> bool:

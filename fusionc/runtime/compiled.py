@@ -56,13 +56,16 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     """
     from fusionc.codegen.compile import compile_kernel
     from fusionc.passes import run_pipeline
-    from fusionc.passes.pipeline import default_pipeline
     _check_options(program, max_batch, kv_len, cluster)
-    for name_, v, lo in (("split_tokens", split_tokens, 1), ("min_split_tokens",
-                                                            min_split_tokens, 0),
-                         ("side_ctas", side_ctas, 1)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
-            raise InputError(f"{name_} = {v!r}", valid=f"an integer >= {lo}")
+    from fusionc.ir.ops.tokens import MAX_PARTS
+    for name_, v, lo, hi in (("split_tokens", split_tokens, 1, MAX_PARTS),
+                             ("min_split_tokens", min_split_tokens, 0, None),
+                             ("side_ctas", side_ctas, 1, 256)):
+        if (v is not None or name_ != "split_tokens") and (
+                isinstance(v, bool) or not isinstance(v, int) or v < lo or
+                (hi is not None and v > hi)):
+            raise InputError(f"{name_} = {v!r}", valid=f"an integer from {lo}" +
+                             (f" to {hi}" if hi else ""))
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
     if pipeline is None and codegen is None and cluster == 0 and scheme == "auto":
@@ -74,12 +77,8 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
 
         from fusionc.codegen import CodegenOptions
         codegen = dataclasses.replace(codegen or CodegenOptions(), pdl=True)
-    if pipeline is None and _prefill(module[name], max_batch):
-        parts = split_tokens if split_tokens is not None else (
-            2 if _has_collectives(module[name]) else 1)
-        pipeline = (f"fuse-allreduce-norm,split-tokens{{parts={parts},"
-                    f"min_tokens={min_split_tokens}}},lower-library")
-    pipeline = pipeline or default_pipeline(cluster, scheme, max_batch, kv_len)
+    pipeline = pipeline or pipeline_for(module[name], max_batch, cluster, scheme, kv_len,
+                                        split_tokens, min_split_tokens)
     lowered = run_pipeline(Module((module[name],)), pipeline)
     host = lowered[name]
     check_launches_only(host)
@@ -90,6 +89,21 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
                 progress(f"compiling {g.name}")
             kernels[g.name] = compile_kernel(g, codegen)
     return CompiledGraph(lowered, host, kernels, max_batch, comm, side_ctas)
+
+
+def pipeline_for(g: Graph, max_batch: int, cluster: int = 0, scheme: str = "auto",
+                 kv_len: int | None = None, split_tokens: int | None = None,
+                 min_split_tokens: int = 4096) -> str:
+    """The default pipeline for ``g``: the library path (``split-tokens`` + ``lower-library``)
+    for graphs of many tokens or without a fused block (see :func:`_prefill`), else the
+    decode-kernel pipeline (:func:`fusionc.passes.pipeline.default_pipeline`)."""
+    from fusionc.passes.pipeline import default_pipeline
+    if _prefill(g, max_batch):
+        parts = split_tokens if split_tokens is not None else (
+            2 if _has_collectives(g) else 1)
+        return (f"fuse-allreduce-norm,split-tokens{{parts={parts},"
+                f"min_tokens={min_split_tokens}}},lower-library")
+    return default_pipeline(cluster, scheme, max_batch, kv_len)
 
 
 PREFILL_TOKENS = 256
@@ -147,7 +161,7 @@ def check_launches_only(host: Graph) -> None:
                                      "(library path, many tokens)")
         if op.name in HOST_OPS and op.results and (
                 op.results[0].type.dtype.value not in ("f16", "bf16", "f32") or
-                (op.name == "rms_norm" and op.operands[0].type.rank != 2)):
+                (op.name in ("rms_norm", "library_call") and op.operands[0].type.rank != 2)):
             raise CompileError(f"'{op.name}' on {op.operands[0].type}", op=op.name,
                                loc=op.loc, valid="f16, bf16 or f32 rows [T, D]")
     if not host.body:

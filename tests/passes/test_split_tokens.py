@@ -120,3 +120,34 @@ def test_compile_picks_the_library_pipeline_for_many_tokens():
     assert [op.attr("stream") for op in fn.host.body if op.name == "all_reduce_add"] == [1, 0]
     decode = fc.compile(g, max_batch=4)
     assert [op.name for op in decode.host.body] == ["launch", "all_reduce_add"]
+
+
+def test_outputs_that_are_params_or_repeated_and_name_clashes():
+    @fc.graph
+    def g(x: fc.f16["B", 8], w: fc.f16[8, 8]):
+        y = fc.linear(x, w, name="x.1")   # the name a block of x would take
+        return y, y, x
+    split = run_pipeline(g, "split-tokens{parts=2,min_tokens=0,tile=1}")
+    assert parse_module(print_module(split)) == split
+    ins = {"x": np.arange(24, dtype=np.float16).reshape(3, 8), "w": np.eye(8)}
+    for a, b in zip(fc.interpret(g, ins, precise=True), fc.interpret(split, ins, precise=True)):
+        assert np.array_equal(a, b)
+
+
+def test_bad_split_requests_are_refused():
+    from fusionc.errors import InputError, VerifyError
+    with pytest.raises(PassError, match="parts <= 64"):
+        run_pipeline(_mlp(), "split-tokens{parts=100000}")
+    with pytest.raises(PassError, match="already split"):
+        run_pipeline(run_pipeline(_mlp(), SPLIT % (2, 8)), "split-tokens")
+    with pytest.raises(VerifyError, match="token_split"):
+        parse_module("graph @g(%z: f16[B.0, 8], %w: f16[B.1, 8]) {\n"
+                     "  %y = token_concat(%z, %w) : f16[B, 8]\n  return %y\n}\n")
+    for bad in ((-5, 2), (100, 0), (100, 2, 1024, 0), (100, 2, 1024, 128, 0)):
+        with pytest.raises(InputError, match="split_sizes"):
+            split_sizes(*bad)
+    g = _mlp().graphs[0]
+    for kw in ({"side_ctas": 1000}, {"min_split_tokens": None}, {"split_tokens": 0},
+               {"split_tokens": 65}):
+        with pytest.raises(InputError):
+            fc.compile(g, max_batch=4096, **kw)

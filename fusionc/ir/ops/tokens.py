@@ -43,6 +43,9 @@ SPLIT_ATTRS = (
 )
 
 
+MAX_PARTS = 64
+
+
 def split_sizes(tokens: int, parts: int, min_tokens: int = 1024, tile: int = 128,
                 n_tiles: int = 1, sms: int = 132) -> list[int]:
     """Rows of each block: wave-aware.
@@ -60,7 +63,16 @@ def split_sizes(tokens: int, parts: int, min_tokens: int = 1024, tile: int = 128
     its collective runs on the compute stream, as without a split (empty blocks are skipped).
 
     Returns: ``parts`` sizes summing to ``tokens``.
+    Raises:
+        InputError: a negative token count, or parts, tile, n_tiles, sms outside their ranges.
     """
+    ints = (tokens, parts, min_tokens, tile, n_tiles, sms)
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in ints) or tokens < 0 or \
+            min_tokens < 0 or not 1 <= parts <= MAX_PARTS or min(tile, n_tiles, sms) < 1:
+        from fusionc.errors import InputError
+        raise InputError(f"split_sizes{ints}", op="token_split",
+                         valid=f"integers: tokens, min_tokens >= 0; 1 <= parts <= {MAX_PARTS}; "
+                               "tile, n_tiles, sms >= 1")
     if parts == 1 or tokens < max(min_tokens, parts * tile):
         return [0] * (parts - 1) + [tokens]
     per_wave = max(1, sms // n_tiles) * tile
@@ -76,6 +88,8 @@ def part_symbol(sym: str, i: int) -> str:
 
 
 def _infer_split(op):
+    if op.attr("parts") > MAX_PARTS:
+        fail(op, f"parts = {op.attr('parts')}", f"1 to {MAX_PARTS} blocks")
     t = op.operands[0].type
     if t.rank < 1 or not isinstance(t.shape[0], str):
         fail(op, f"x has type {t}", "[B, ...] with a symbolic token dim B")
@@ -111,11 +125,15 @@ def _verify_concat(op, graph, module) -> None:
     split-tokens pass repeated per block: then they carry the symbols B.0 … B.(n-1) of a
     token_split with n parts)."""
     base = op.operands[0].type.shape[0].rsplit(".", 1)[0]
-    parts = {o.attr("parts") for o in graph.body if o.name == "token_split"
-             and o.operands[0].type.shape[0] == base}
-    if parts and len(op.operands) not in parts:
+    splits = {o.attrs for o in graph.body if o.name == "token_split"
+              and o.operands[0].type.shape[0] == base}
+    if len(splits) != 1:
+        fail(op, f"{len(splits)} different token_splits of {base}",
+             f"exactly one kind of token_split of {base} (same attributes) in the graph")
+    parts = dict(next(iter(splits)))["parts"]
+    if len(op.operands) != parts:
         fail(op, f"{len(op.operands)} blocks of {base}",
-             f"all {min(parts)} blocks of the token_split of {base}")
+             f"all {parts} blocks of the token_split of {base}")
 
 
 def _run_concat(op, args, ctx):
