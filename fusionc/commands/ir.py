@@ -44,6 +44,9 @@ def setup(p):
     def run(args):
         from fusionc.ir import print_graph, print_module
         module = load(args.source, parse_sizes(args.sizes))
+        if args.graph in module.names and (args.after or args.passes):
+            from fusionc.ir import Module
+            module = Module((module[args.graph],))   # passes run on the chosen graph only
         if args.after or args.passes:
             module = run_passes(module, args)
         if args.graph is None:
