@@ -5,7 +5,7 @@
 #   tar czf .fcache12.tgz .fcache12      # carry .whl and .fcache12.tgz
 # then on the GPU machine:
 #   tar xzf .fcache12.tgz && FUSIONC_CACHE_DIR=.fcache12 bash scripts/tp2_session.sh [smoke|tests|bench|overlap|all]
-# NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...); fusionc never emits multimem.
+# NVLink multicast stays off (the variables below); fusionc's kernels use plain peer stores.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1

@@ -57,18 +57,12 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     from fusionc.codegen.compile import compile_kernel
     from fusionc.passes import run_pipeline
     _check_options(program, max_batch, kv_len, cluster)
-    from fusionc.ir.ops.tokens import MAX_PARTS
-    for name_, v, lo, hi in (("split_tokens", split_tokens, 1, MAX_PARTS),
-                             ("min_split_tokens", min_split_tokens, 0, None),
-                             ("side_ctas", side_ctas, 1, 256)):
-        if (v is not None or name_ != "split_tokens") and (
-                isinstance(v, bool) or not isinstance(v, int) or v < lo or
-                (hi is not None and v > hi)):
-            raise InputError(f"{name_} = {v!r}", valid=f"an integer from {lo}" +
-                             (f" to {hi}" if hi else ""))
+    _check_split_options(split_tokens, min_split_tokens, side_ctas)
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
-    if pipeline is None and codegen is None and cluster == 0 and scheme == "auto":
+    if pipeline is None and codegen is None and cluster == 0 and scheme == "auto" and \
+            not _prefill(module[name], max_batch):   # tuning is for the decode kernels
+
         choice = _tuned(module[name], max_batch, kv_len, autotune)
         if choice is not None:
             cluster, scheme, codegen = choice
@@ -131,6 +125,19 @@ def _check_options(program, max_batch, kv_len, cluster) -> None:
     for name, v in (("max_batch", max_batch), ("kv_len", kv_len)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise InputError(f"{name} = {v!r}", valid=f"a positive integer {name}")
+
+
+def _check_split_options(split_tokens, min_split_tokens, side_ctas) -> None:
+    """InputError unless the token-split options of :func:`compile` are in range."""
+    from fusionc.ir.ops.tokens import MAX_PARTS
+    for name, v, lo, hi in (("split_tokens", split_tokens, 1, MAX_PARTS),
+                            ("min_split_tokens", min_split_tokens, 0, None),
+                            ("side_ctas", side_ctas, 1, 256)):
+        if v is None and name == "split_tokens":
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi and v > hi):
+            raise InputError(f"{name} = {v!r}", valid=f"an integer from {lo}" +
+                             (f" to {hi}" if hi else ""))
 
 
 def _tuned(g: Graph, max_batch: int, kv_len: int, search: bool):
