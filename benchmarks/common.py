@@ -103,10 +103,12 @@ def measure(row: dict, sets: list[dict], eager, compiled, fusionc_fn) -> dict:
     return row
 
 
-def parse_args(doc: str):
-    """The flags every block benchmark takes."""
+def parse_args(doc: str, extra=None):
+    """The flags every block benchmark takes (``extra(parser)`` adds a benchmark's own)."""
     import argparse
     ap = argparse.ArgumentParser(description=doc)
+    if extra is not None:
+        extra(ap)
     ap.add_argument("--quick", action="store_true", help="a few points only")
     ap.add_argument("--compile-only", action="store_true",
                     help="only compile fusionc's kernels into the cubin cache (no GPU needed)")

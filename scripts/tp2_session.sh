@@ -31,6 +31,11 @@ fi
 if [[ $what == overlap || $what == all ]]; then   # issue 10: token-split overlap
   [[ $what == overlap ]] && launch python3 scripts/tp2_check.py --out "$out/split" --quick \
     --only split_tokens 2>&1 | tail -4
+  for T in 1024 8192; do for p in 1 2; do   # the CLI at many tokens, split and unsplit
+    launch python3 -m fusionc run examples/tp2_mlp.py --batch $T --split-tokens $p 2>&1 | tail -1
+    launch python3 -m fusionc run examples/tp2_llama_layer.py --graph o_proj --batch $T \
+      --split-tokens $p 2>&1 | tail -1
+  done; done
   launch python3 benchmarks/tp2_overlap.py --json "$out/tp2_overlap.json" ${OVERLAP_ARGS:-} \
     2>&1 | tee "$out/tp2_overlap.log" | grep "rank 0" | tail -14
 fi

@@ -10,8 +10,9 @@ Rules:
 - a view op (``reshape``) shares its operand's space and extends its live range;
 - sizes bind symbolic dims to the kernel's ``max_batch``; every offset is 16-byte aligned.
 
-Placement is first-fit by start of live range (Gergov 1999-style interval packing; optimal
-packing is NP-hard, first-fit is within a small factor in practice).
+Placement is first-fit, whole-kernel buffers first, then by start of live range or by size
+(the smaller total wins; Gergov 1999-style interval packing; optimal packing is NP-hard,
+first-fit is within a small factor in practice).
 """
 from __future__ import annotations
 
@@ -119,8 +120,23 @@ def _def_and_last_use(ops: list[Op]) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def _place(items: list[Interval]) -> None:
+    """First-fit in two orders (by start of live range; by size, largest first), whole-kernel
+    buffers first in both (they never free their bytes: at the bottom they fragment nothing);
+    keeps the smaller total."""
+    best = None
+    for key in (lambda x: (x.what != "buffer", x.start, -x.size),
+                lambda x: (x.what != "buffer", -x.size, x.start)):
+        _first_fit(sorted(items, key=key))
+        total = max((iv.offset + iv.size for iv in items), default=0)
+        if best is None or total < best[0]:
+            best = (total, [iv.offset for iv in items])
+    for iv, off in zip(items, best[1]):
+        iv.offset = off
+
+
+def _first_fit(items: list[Interval]) -> None:
     placed: list[Interval] = []
-    for iv in sorted(items, key=lambda x: (x.start, -x.size)):
+    for iv in items:
         busy = sorted((p.offset, p.offset + p.size) for p in placed
                       if not (p.end < iv.start or iv.end < p.start))
         off = 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fusionc.codegen.render import render
 
-ORDER = ("common", "gemv", "attention")
+ORDER = ("common", "gemv", "attention", "mla")
 
 
 def render_libs(needed: set[str], delay: bool = False) -> list[str]:

@@ -107,7 +107,7 @@ def emit_kv_append(op, ctx) -> str:
     out-of-range positions skipped.
     """
     cache, x, pos = (ctx.ref(v) for v in op.operands)
-    _, s, h, d = cache.shape
+    s, h, d = cache.shape[1], (cache.shape[2] if len(cache.shape) == 4 else 1), cache.shape[-1]
     return ctx.render("ops/kv_append.cu.j2", head=cnames.affine(op.attr("kv_head")),
                       n=x.numel, D=d, S=s, H=h, pos=pos.ptr, cache=cache.ptr, x=x.ptr,
                       ct=cache.ctype)

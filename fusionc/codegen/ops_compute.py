@@ -18,7 +18,7 @@ def _pow2_at_least(n: int) -> int:
 def gemv_plan(op, x, w, unroll: int) -> dict:
     """Compile-time choices of one gemv: vector width, lanes per row, batch chunk."""
     k = x.shape[-1]
-    kt = w.shape[1]
+    kt = w.shape[-1]
     v = 16 // w.itemsize
     vec = (isinstance(kt, int) and (kt * w.itemsize) % 16 == 0 and k % v == 0
            and cnames.affine_aligned(op.attr("col"), v))
@@ -56,7 +56,8 @@ def emit_gemv(op, ctx) -> str:
     b = lambda v: "true" if v else "false"  # noqa: E731
     return ctx.render(
         "ops/gemv.cu.j2", x=x.ptr, M=cnames.product(lead), K=x.shape[-1], w=w.ptr,
-        ldw=cnames.dim(w.shape[1]), n_w=cnames.dim(w.shape[0]), k_w=cnames.dim(w.shape[1]),
+        ldw=cnames.dim(w.shape[-1]), n_w=cnames.product(w.shape[:-1]),
+        k_w=cnames.dim(w.shape[-1]),
         row=cnames.affine(op.attr("row")), col=cnames.affine(op.attr("col")),
         rows=op.attr("rows"), y=y.ptr, MCH=mch, masked=b(op.attr("masked")), nc=b(w.readonly),
         **{k: (b(v) if isinstance(v, bool) else v) for k, v in plan.items()})

@@ -99,7 +99,10 @@ def run_graph(g, args) -> tuple[str, bool]:
     tol = 1e-4 if all(v.type.dtype.value == "f32" for v in g.outputs) else 1e-2
     ok = all(e <= tol for e in errs)
     us = _time(fn, dev, args.reps)
-    kernels = ", ".join(f"{k.source.name} (C={k.source.cluster})" for k in fn.kernels.values())
+    host = sorted({op.name if op.name != "library_call" else op.attr("fn")
+                   for op in fn.host.body if op.name != "launch"})
+    kernels = ", ".join([f"{k.source.name} (C={k.source.cluster})" for k in fn.kernels.values()]
+                        + [f"host ops {' '.join(host)}"] * bool(host))
     checked = f" ({len(rows)} sampled rows checked)" if rows is not None else ""
     return (f"@{g.name}: batch {args.batch}, KV <= {args.kv_len}{checked}: "
             + ", ".join(f"{v.name} err {e:.1e}" for v, e in zip(g.outputs, errs))

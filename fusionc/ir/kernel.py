@@ -19,6 +19,8 @@ Invariants checked here (DESIGN §3):
 """
 from __future__ import annotations
 
+import math
+
 from fusionc.errors import VerifyError
 from fusionc.ir.nodes import Graph, Module, Op
 from fusionc.ir.registry import BOOL, POS_INT, FuncKind, attr, lookup, register_func_kind
@@ -128,8 +130,9 @@ def _check_bounds(op: Op, k: Graph) -> None:
         pairs = zip(op.attr("offsets"), sizes, g.shape)
     elif op.name == "gemv" and not op.attr("masked"):
         w = op.operands[1].type
-        pairs = ((op.attr("row"), op.attr("rows"), w.shape[0]),
-                 (op.attr("col"), op.operands[0].type.shape[-1], w.shape[1]))
+        n_rows = w.shape[0] if w.rank == 2 else math.prod(w.shape[:-1])  # [heads, N, K] flat
+        pairs = ((op.attr("row"), op.attr("rows"), n_rows),
+                 (op.attr("col"), op.operands[0].type.shape[-1], w.shape[-1]))
     else:
         return
     grid, size = k.attr("grid"), k.attr("cluster")

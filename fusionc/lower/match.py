@@ -62,6 +62,11 @@ class AttentionStage:
     residual: Value | None
     out: Value
 
+    @property
+    def in_place(self) -> dict[str, Value]:
+        """Inputs the block updates in place → the graph values they become."""
+        return dict(zip((self.k_cache.name, self.v_cache.name), self.cache_outs or ()))
+
 
 @dataclass(frozen=True)
 class MLPStage:
@@ -77,6 +82,7 @@ class MLPStage:
     down: Value
     residual: Value | None
     out: Value
+    in_place = {}  # nothing updated in place
 
 
 class Dataflow:

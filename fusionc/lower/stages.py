@@ -1,15 +1,17 @@
-"""Stage matchers: attention blocks (anchor ``decode_attention``) and MLP blocks (anchor
-``silu_mul``). See :mod:`fusionc.lower.match` for the stage descriptions."""
+"""Stage matchers: attention blocks (anchor ``decode_attention``), MLP blocks (anchor
+``silu_mul``) and MLA blocks (anchor ``mla_decode_attention``, :mod:`fusionc.lower.match_mla`).
+See :mod:`fusionc.lower.match` for the stage descriptions."""
 from __future__ import annotations
 
 from fusionc.errors import LoweringError
 from fusionc.ir.nodes import Graph, Op, Value
+from fusionc.lower.match_mla import match_mla
 from fusionc.lower.match import (AttentionStage, Dataflow, MLPStage, Norm, input_norm,
                                  projection, residual_tail)
 
 
 def find_stages(g: Graph) -> list:
-    """Every attention and MLP stage of ``g``, in program order."""
+    """Every attention, MLP and MLA stage of ``g``, in program order."""
     df = Dataflow(g)
     out = []
     for op in g.body:
@@ -17,6 +19,8 @@ def find_stages(g: Graph) -> list:
             out.append(match_attention(df, op))
         elif op.name == "silu_mul":
             out.append(match_mlp(df, op))
+        elif op.name == "mla_decode_attention":
+            out.append(match_mla(df, op))
     return out
 
 

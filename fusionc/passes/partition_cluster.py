@@ -15,6 +15,8 @@ Options:
         and the gate/up scheme of MLP blocks (see :mod:`fusionc.lower.attention`, ``.mlp``).
     batch, kv_len: the batch and KV length the cost model plans for.
     max_batch: largest batch the kernels are sized for (shared memory); a compile-time bucket.
+    group: heads per cluster of MLA blocks (see :mod:`fusionc.lower.mla`); 0 lets the cost
+        model choose.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from fusionc.ir.registry import lookup
 from fusionc.ir.verifier import verify_graph
 from fusionc.lower.attention import lower_attention
 from fusionc.lower.match import AttentionStage
+from fusionc.lower.match_mla import MLAStage
+from fusionc.lower.mla import lower_mla
 from fusionc.lower.mlp import lower_mlp
 from fusionc.lower.stages import find_stages
 from fusionc.passes.base import Pass, register_pass
@@ -46,6 +50,7 @@ class PartitionCluster(Pass):
     batch: int = 1
     kv_len: int = 4096
     max_batch: int = 8
+    group: int = 0
 
     def run(self, module: Module) -> Module:
         if self.size not in (0,) + SIZES:
@@ -112,12 +117,15 @@ class PartitionCluster(Pass):
 
     def configs(self, st):
         """Candidate configurations of a stage: (cluster size, scheme) for attention, (cluster size,
-        grid, scheme) for MLP.
+        heads per cluster) for MLA, (cluster size, grid, scheme) for MLP.
         """
         sizes = SIZES if self.size == 0 else (self.size,)
         if isinstance(st, AttentionStage):
             schemes = ("splitk", "splitn") if self.scheme == "auto" else (self.scheme,)
             return [(c, s) for c in sizes for s in schemes]
+        if isinstance(st, MLAStage):   # (cluster size, heads per cluster)
+            groups = SIZES if self.group == 0 else (self.group,)
+            return [(c, g) for c in sizes for g in groups if st.heads % g == 0]
         inter = st.gate.rows
         splitn = [(c, grid, "splitn") for c in sizes for grid in range(1, 4 * 132 // c + 1)
                   if inter % (grid * c) == 0 and grid * c >= min(66, inter // 8)
@@ -134,6 +142,8 @@ class PartitionCluster(Pass):
         """
         if isinstance(st, AttentionStage):
             return lower_attention(st, name, size, *extra, self.max_batch)
+        if isinstance(st, MLAStage):
+            return lower_mla(st, name, size, *extra, self.max_batch)
         grid, scheme = extra
         return lower_mlp(st, name, size, grid, self.max_batch, scheme)
 
@@ -165,14 +175,8 @@ def _launch(k: Graph, st) -> Op:
     n_in = len(k.params) - sum(1 for p in k.params if p.name in outs and p is k.outputs[-1]
                                and p.name == st.out.name)
     args = tuple(p for p in k.params[:n_in])
-    results = []
-    cache_outs = getattr(st, "cache_outs", None) or ()
-    for v in k.outputs:
-        if v.name == st.out.name:
-            results.append(st.out)
-        else:  # an input updated in place: the graph value it becomes
-            idx = [st.k_cache.name, st.v_cache.name].index(v.name)
-            results.append(cache_outs[idx])
+    results = [st.out if v.name == st.out.name else st.in_place[v.name]  # updated in place
+               for v in k.outputs]
     return Op("launch", tuple(results), args,
               lookup("launch").make_attrs({"kernel": SymbolRef(k.name)}), (), k.loc)
 

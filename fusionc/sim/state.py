@@ -75,18 +75,21 @@ class GlobalMemory:
         self.writer = {k: np.full(a.shape, -1, np.int64) for k, a in arrays.items()}
         self.reductions: dict[str, list] = {}
 
-    def read(self, name: str, index: tuple, cta: CTA, op: Op) -> np.ndarray:
+    def read(self, name: str, index: tuple, cta: CTA, op: Op, flat: bool = False) -> np.ndarray:
         """Elements ``index`` of parameter ``name`` as seen by ``cta``; SimulationError if another
-        CTA of this launch wrote them.
+        CTA of this launch wrote them. ``flat``: index the array as ``[-1, last dim]``.
         """
-        w = self.writer[name][index]
+        arrays, writer = self.arrays[name], self.writer[name]
+        if flat:
+            arrays, writer = (a.reshape(-1, a.shape[-1]) for a in (arrays, writer))
+        w = writer[index]
         if np.any((w >= 0) & (w != cta.gid)):
             other = int(w[(w >= 0) & (w != cta.gid)].flat[0])
             raise SimulationError(
                 f"CTA {cta.gid} reads %{name} where CTA {other} wrote in the same launch "
                 "(no ordering between CTAs of a grid)", op=op.name, loc=op.loc,
                 valid="pass the value through a collective, or split the kernel")
-        return self.arrays[name][index]
+        return arrays[index]
 
     def write(self, name: str, index: tuple, value: np.ndarray, cta: CTA, op: Op,
               dtype: DType) -> None:

@@ -40,7 +40,7 @@ def test_random_collective_programs_compile(kind, size, shape, dtype, data):
     _ok(collective_kernel(kind, size, 2, shape, dtype, axis=axis))
 
 
-EXAMPLES = ["llama2_7b", "llama3_8b", "qwen3_qk_norm", "tp2_mlp"]
+EXAMPLES = ["llama2_7b", "llama3_8b", "qwen3_qk_norm", "tp2_mlp", "deepseek_v2_lite"]
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

@@ -33,8 +33,8 @@ def inputs(graph, batch: int, lens: list[int], rng: np.random.Generator) -> dict
             out[p.name] = a
         elif "norm" in p.name:
             out[p.name] = 1 + 0.2 * rng.standard_normal(shape)
-        elif len(shape) == 2 and p.name.startswith("w"):
-            out[p.name] = rng.standard_normal(shape) / np.sqrt(shape[1])
+        elif len(shape) >= 2 and p.name.startswith("w"):
+            out[p.name] = rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
             out[p.name] = rng.standard_normal(shape)
     return out

@@ -17,7 +17,8 @@
     o / l from the reduced pack; a row with l = 0 (no tokens) gives exactly 0, never NaN.
 ``kv_append(%cache, %x, %positions) {kv_head}`` (off-chip)
     cache[b, positions[b], kv_head, :] = x[b, :] for every row b, rounded to the cache dtype.
-    Positions outside [0, max_seq) are skipped (never a fault).
+    Positions outside [0, max_seq) are skipped (never a fault). A cache of rank 3
+    ``[B, S, D]`` (one row per token, e.g. MLA's latent cache) takes kv_head = 0.
 """
 
 from __future__ import annotations
@@ -130,8 +131,8 @@ def _sim_finish(op, args, cta):
 
 def _infer_append(op):
     c, x, pos = (v.type for v in op.operands)
-    if c.rank != 4 or x.shape != (c.shape[0], c.shape[3]):
-        fail(op, f"cache {c}, x {x}", "cache [B, S, kv_heads, D], x [B, D]")
+    if c.rank not in (3, 4) or x.shape != (c.shape[0], c.shape[-1]):
+        fail(op, f"cache {c}, x {x}", "cache [B, S, kv_heads, D] or [B, S, D], x [B, D]")
     if pos.dtype != DType.i32 or pos.shape != (c.shape[0],):
         fail(op, f"positions have type {pos}", f"i32[{c.shape[0]}]")
     return ()
@@ -144,9 +145,8 @@ def _sim_append(op, args, cta):
     arr = cta.memory.arrays[cache]
     for b, p in enumerate(pos):
         if 0 <= p < arr.shape[1]:
-            cta.memory.write(
-                cache, (b, int(p), h, slice(None)), x[b], cta, op, op.operands[0].type.dtype
-            )
+            at = (b, int(p), h, slice(None)) if arr.ndim == 4 else (b, int(p), slice(None))
+            cta.memory.write(cache, at, x[b], cta, op, op.operands[0].type.dtype)
     return ()
 
 

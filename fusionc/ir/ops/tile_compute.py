@@ -3,7 +3,8 @@
 ``gemv(%x, %w) {row, col, rows, masked} : f32[..., rows]``
     Partial product of a weight tile streamed from global memory:
     y[..., n] = Σ_k x[..., k] · w[row + n, col + k] for k < K (K = last dim of x), with
-    fp32 accumulation. The CTA reads each weight element of its tile once for all batch rows.
+    fp32 accumulation. A weight of rank > 2 (one matrix per head, ``[heads, N, K]``) is read as
+    its row-major flattening ``[heads·N, K]``. The CTA reads each weight element of its tile once for all batch rows.
     With ``masked``, weight elements outside ``w`` count as 0 (K and N tails).
 ``reduce(%x) {op = sum|max|sumsq, axis} : f32[...]``
     In-CTA reduction over one axis (removed), fp32.
@@ -45,11 +46,14 @@ from fusionc.sim.state import CTAExit
 
 def _infer_gemv(op):
     x, w = (v.type for v in op.operands)
-    if w.rank != 2 or x.rank < 1 or x.dtype not in FLOAT_DTYPES or w.dtype not in FLOAT_DTYPES:
-        fail(op, f"x {x}, w {w}", "x: [..., K] float tile, w: [N, K_total] float parameter")
+    if w.rank < 2 or x.rank < 1 or x.dtype not in FLOAT_DTYPES or w.dtype not in FLOAT_DTYPES:
+        fail(op, f"x {x}, w {w}",
+             "x: [..., K] float tile, w: [N, K_total] (or [heads, N, K_total]) float parameter")
+    if w.rank > 2 and not all(isinstance(d, int) for d in w.shape):
+        fail(op, f"w {w} of rank {w.rank} with symbolic dims", "static dims past rank 2")
     k, rows = x.shape[-1], op.attr("rows")
-    if isinstance(k, int) and isinstance(w.shape[1], int) and k > w.shape[1]:
-        fail(op, f"tile of {k} columns wider than the weight {w}", f"K <= {w.shape[1]}")
+    if isinstance(k, int) and isinstance(w.shape[-1], int) and k > w.shape[-1]:
+        fail(op, f"tile of {k} columns wider than the weight {w}", f"K <= {w.shape[-1]}")
     return (x.with_shape(x.shape[:-1] + (rows,)).with_dtype(DType.f32),)
 
 
@@ -57,6 +61,7 @@ def _sim_gemv(op, args, cta):
     x = np.asarray(args[0], np.float32)
     name = op.operands[1].name
     arr = cta.memory.arrays[name]
+    arr = arr.reshape(-1, arr.shape[-1])  # [heads, N, K] weights as [heads·N, K]
     r0, c0 = op.attr("row")(cta.cluster, cta.rank), op.attr("col")(cta.cluster, cta.rank)
     rows, k = op.attr("rows"), x.shape[-1]
     inside = r0 >= 0 and c0 >= 0 and r0 + rows <= arr.shape[0] and c0 + k <= arr.shape[1]
@@ -75,7 +80,7 @@ def _sim_gemv(op, args, cta):
     )
     if rs.stop > rs.start and cs.stop > cs.start:
         tile[rs.start - r0 : rs.stop - r0, cs.start - c0 : cs.stop - c0] = cta.memory.read(
-            name, (rs, cs), cta, op
+            name, (rs, cs), cta, op, flat=True
         )
     return (x @ tile.T,)
 

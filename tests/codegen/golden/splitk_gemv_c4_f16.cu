@@ -282,10 +282,10 @@ fusionc_gemv(
   (void)fc_cluster; (void)fc_rank; (void)fc_smem;
 
   // ---- shared memory (2048 bytes; values whose live ranges do not overlap share bytes) ----
-  __half* const v_xt = reinterpret_cast<__half*>(fc_smem + 0);  // f16[B, 64], 1024 B
+  __half* const v_xt = reinterpret_cast<__half*>(fc_smem + 512);  // f16[B, 64], 1024 B
   float* const v_p = reinterpret_cast<float*>(fc_smem + 1536);  // f32[B, 16], 512 B
-  float* const v_buf = reinterpret_cast<float*>(fc_smem + 1024);  // f32[B, 16], 512 B
-  float* const v_s = reinterpret_cast<float*>(fc_smem + 0);  // f32[B, 16], 512 B
+  float* const v_buf = reinterpret_cast<float*>(fc_smem + 0);  // f32[B, 16], 512 B
+  float* const v_s = reinterpret_cast<float*>(fc_smem + 512);  // f32[B, 16], 512 B
 
   // ===== stage 1: load, gemv, smem_store, cluster barrier =====
   // [op 0, ir 2:9] %xt = load(%x) {offsets = ["0", "64*rank"], sizes = [B, 64], masked = false} : f16[B, 64]
@@ -309,7 +309,7 @@ fusionc_gemv(
         v_xt, dim_B, 64, p_w, 256LL, 32, 256, 16 * fc_cluster, 64 * fc_rank, 16, v_p);
   }
   // [op 2, ir 4:10] %buf = smem_alloc() : f32[B, 16]
-  // v_buf: f32[B, 16] at shared-memory offset 1024
+  // v_buf: f32[B, 16] at shared-memory offset 0
   // [op 3, ir 5:3] smem_store(%buf, %p)
   __syncthreads();  // earlier ops' shared data
   {

@@ -1,0 +1,75 @@
+"""Emitter of ``mla_attn_partial`` (templates/ops/mla_attn_partial.cu.j2, lib/mla.cuh.j2).
+
+The latent cache streams with 16-byte ``cp.async`` copies, so a row must be whole 16-byte
+vectors (W · itemsize % 16 == 0: 576 in bf16/f16, any multiple of 4 in f32)."""
+from __future__ import annotations
+
+from fusionc.codegen import cnames
+from fusionc.codegen.emitters import emitter
+from fusionc.errors import CompileError
+
+STAGE_BUDGET = 80 * 1024  # bytes of staged cache rows (two stages) per CTA
+MAX_HEADS = 16            # heads per CTA: output accumulators live in registers
+
+
+def mla_tile(op, threads: int) -> int:
+    """Rows per staged tile: the largest of 32, 16, 8 whose two stages fit the budget and that
+    leaves a power-of-two number (≤ 32) of threads per token for the score step."""
+    w = op.operands[1].type.shape[2]
+    isz = op.operands[1].type.dtype.itemsize
+    for tt in (32, 16, 8):
+        seg = threads // tt
+        if 2 * tt * (w * isz + 16) <= STAGE_BUDGET and threads % tt == 0 and seg <= 32:
+            return tt
+    return 8
+
+
+def mla_scratch(op, kernel) -> int:
+    """Bytes of shared memory mla_attn_partial uses (mirrors FcMlaSmem in lib/mla)."""
+    g, w = op.operands[0].type.shape[1:]
+    isz = op.operands[1].type.dtype.itemsize
+    tt = mla_tile(op, kernel.attr("threads"))
+    return 2 * tt * (w + 16 // isz) * isz + (g * w + g * tt + 3 * g) * 4
+
+
+def check_mla(op, kernel) -> None:
+    """CompileError before codegen: symbolic heads or cache sizes, rows that are not whole
+    16-byte vectors, more heads per CTA than :data:`MAX_HEADS`, a dtype other than f16, bf16,
+    f32, or a CTA size that is not a multiple of 32 threads of at least 64."""
+    q, cache = op.operands[0].type, op.operands[1].type
+    g, w = q.shape[1:]
+    isz = cache.dtype.itemsize
+    if not all(isinstance(d, int) for d in (g, w, cache.shape[1])):
+        raise CompileError(f"q {q}, cache {cache}: symbolic heads, width or cache length",
+                           op=op.name, loc=op.loc, valid="static heads, max_seq and row width")
+    if (w * isz) % 16 or w % 4:
+        raise CompileError(f"cache rows of {w} {cache.dtype} elements ({w * isz} bytes) are "
+                           "not whole 16-byte vectors", op=op.name, loc=op.loc,
+                           valid=f"latent + rope a multiple of {max(4, 16 // isz)}")
+    if g > MAX_HEADS:
+        raise CompileError(f"{g} heads in one CTA", op=op.name, loc=op.loc,
+                           valid=f"at most {MAX_HEADS} heads per cluster")
+    t = kernel.attr("threads")
+    if t % 32 or t < 64:
+        raise CompileError(f"{t} threads per CTA", op=op.name, loc=op.loc,
+                           valid="a multiple of 32, at least 64")
+    if {q.dtype.value, cache.dtype.value} - {"f16", "bf16", "f32"}:
+        raise CompileError(f"q {q.dtype}, cache {cache.dtype}", op=op.name, loc=op.loc,
+                           valid="f16, bf16 or f32")
+
+
+@emitter("mla_attn_partial", scratch=mla_scratch, check=check_mla)
+def emit_mla_partial(op, ctx) -> str:
+    """CUDA of mla_attn_partial: split-KV online softmax over this CTA's chunk of latent rows."""
+    q, cache, lens, pos, new = (ctx.ref(v) for v in op.operands)
+    m, l, o = (ctx.ref(r) for r in op.results)
+    ctx.need("attention")
+    ctx.need("mla")
+    return ctx.render(
+        "ops/mla_attn_partial.cu.j2", G=q.shape[1], W=q.shape[2], L=op.attr("latent"),
+        TT=mla_tile(op, ctx.kernel.attr("threads")), tc=cache.ctype,
+        scratch_bytes=mla_scratch(op, ctx.kernel), q=q.ptr, cache=cache.ptr, S=cache.shape[1],
+        lens=lens.ptr, pos=pos.ptr, new=new.ptr, B=cnames.dim(q.shape[0]),
+        part=cnames.affine(op.attr("part")), parts=op.attr("parts"), tile=op.attr("tile"),
+        scale=cnames.f32_literal(op.attr("scale")), m=m.ptr, l=l.ptr, o=o.ptr,
+        scratch=ctx.scratch(op))
