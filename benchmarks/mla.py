@@ -67,9 +67,11 @@ def _compile_job(job):
 
 
 def sweep_pipelines(batch, kv):
-    return {f"C{c}G{g}": f"partition-cluster{{size={c},group={g},max_batch={batch},"
-                         f"batch={batch},kv_len={kv}}},fuse"
-            for c in (4, 8, 16) for g in (1, 2, 4)}
+    from fusionc.cost.h200 import H200
+    return {f"C{c}G{g}N{n}": f"partition-cluster{{size={c},group={g},grid={n},"
+                             f"max_batch={batch},batch={batch},kv_len={kv}}},fuse"
+            for c in (2, 4, 8) for g in (1, 2, 4)
+            for n in (H200.resident_clusters[c],) if n >= 16 // g}
 
 
 def points(quick: bool):

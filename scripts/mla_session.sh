@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (nvidia-h200): the MLA GPU tests, then benchmarks/mla.py.
 # Compile first on a CPU machine and carry the cache:
-#   FUSIONC_CACHE_DIR=.fcache13 python -c "from tests.gpu import test_mla_gpu as t; t.precompile()"
-#   FUSIONC_CACHE_DIR=.fcache13 python benchmarks/mla.py --compile-only [--sweep]
-#   tar czf .fcache13.tgz .fcache13      # carry .whl and .fcache13.tgz
+#   FUSIONC_CACHE_DIR=.fcache15 python -c "from tests.gpu import test_mla_gpu as t; t.precompile()"
+#   FUSIONC_CACHE_DIR=.fcache15 python benchmarks/mla.py --compile-only [--sweep]
+#   tar czf .fcache15.tgz .fcache15      # carry .whl and .fcache15.tgz
 # then on the GPU machine:
-#   tar xzf .fcache13.tgz && FUSIONC_CACHE_DIR=.fcache13 bash scripts/mla_session.sh [ARGS]
+#   tar xzf .fcache15.tgz && FUSIONC_CACHE_DIR=.fcache15 bash scripts/mla_session.sh [ARGS]
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD FUSIONC_CACHE_DIR=$(realpath "${FUSIONC_CACHE_DIR:-.fcache}")

@@ -24,11 +24,16 @@ class CodegenOptions:
             stream drains, prefetches its first weight rows into L2 and waits for the
             predecessor before anything else (``fusionc.codegen.pdl``); launched with the
             programmatic-stream-serialization attribute.
+        timeline: profiling build: thread 0 of every CTA stores ``%globaltimer`` (ns) at entry
+            (slot 0), at each grid_barrier k's arrival and release (slots 2k + 1, 2k + 2) and at
+            exit (slot 15) into the last ``CTAs x 16`` 64-bit words of the kernel's counters
+            (``scripts/mla_timeline.py`` reads them), to split a persistent kernel's phases.
     """
 
     delay: bool = False
     gemv_unroll: int = 0
     pdl: bool = False
+    timeline: bool = False
 
 
 @dataclass
@@ -52,6 +57,7 @@ class EmitCtx:
     decls: list[str] = field(default_factory=list)
     libs: set[str] = field(default_factory=lambda: {"common"})
     workspace: Workspace = field(default_factory=Workspace)
+    barriers: int = 0  # grid_barrier ops emitted so far (their timeline slots)
     _uid: int = 0
 
     @property

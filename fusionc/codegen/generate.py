@@ -46,6 +46,11 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
     ctx = EmitCtx(kernel, plan, options, {id(op): i for i, op in enumerate(ops)})
     layout = _make_refs(ctx)
     body = emit_body(ctx)
+    timeline = 0
+    if options.timeline:   # 16 slots of 64 bits per CTA after every other counter (aligned)
+        ctx.workspace.counters += ctx.workspace.counters % 2
+        timeline = ctx.workspace.counters
+        ctx.workspace.counters += ctx.grid * ctx.cluster * 16 * 2
     params = _params(ctx)
     from fusionc.codegen.pdl import prologue, trigger
     name = cnames.ident("fusionc", kernel.name)
@@ -57,7 +62,7 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
         libs=libs.render_libs(ctx.libs, delay=options.delay), decls=ctx.decls,
         cluster_dims=1 < ctx.cluster <= 8, name=name,
         params=[p.decl for p in params] or ["void"], layout=layout, body=body,
-        pdl=prologue(ctx), pdl_end=trigger(ctx)) + "\n"
+        pdl=prologue(ctx), pdl_end=trigger(ctx), timeline=options.timeline, stamps=timeline) + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=ctx.grid,
                         cluster=ctx.cluster, threads=ctx.threads, smem_bytes=plan.total,
                         params=tuple(params), workspace_floats=ctx.workspace.floats,

@@ -44,3 +44,16 @@ def emit_grid_reduce(op, ctx) -> str:
                                                           op.attr("offsets")],
         unflat=unflat, dst=dst.ptr, goff=tiles.linear(g, tiles.shape_c(dst.shape)),
         dt=dst.ctype, init=init)
+
+
+GRID_BARRIER_TIMEOUT_S = 2  # a grid that cannot be resident traps after this (never hangs)
+
+
+@emitter("grid_barrier")
+def emit_grid_barrier(op, ctx) -> str:
+    """CUDA of grid_barrier: two counters (arrivals, generation) in the kernel's workspace."""
+    base = ctx.workspace.counters
+    ctx.workspace.counters += 2
+    ctx.barriers += 1
+    return ctx.render("ops/grid_barrier.cu.j2", base=base, timeout_s=GRID_BARRIER_TIMEOUT_S,
+                      timeline=ctx.options.timeline, slot=2 * ctx.barriers - 1)

@@ -25,11 +25,15 @@ def mla_tile(op, threads: int) -> int:
 
 
 def mla_scratch(op, kernel) -> int:
-    """Bytes of shared memory mla_attn_partial uses (mirrors FcMlaSmem in lib/mla)."""
+    """Bytes of shared memory the MLA attention ops use: the larger of the CUDA-core layout
+    (FcMlaSmem) and the tensor-core one (FcMlaMmaSmem) in lib/mla, whichever the code takes."""
     g, w = op.operands[0].type.shape[1:]
     isz = op.operands[1].type.dtype.itemsize
     tt = mla_tile(op, kernel.attr("threads"))
-    return 2 * tt * (w + 16 // isz) * isz + (g * w + g * tt + 3 * g) * 4
+    fma = 2 * tt * (w + 16 // isz) * isz + (g * w + g * tt + 3 * g) * 4
+    mma = 2 * tt * (w + 8) * 2 + 16 * (w + 8) * 2 + (8 // (tt // 8)) * 16 * tt * 4 \
+        + 16 * (tt + 8) * 2 + 3 * 16 * 4 if tt >= 8 else 0
+    return max(fma, mma)
 
 
 def check_mla(op, kernel) -> None:
@@ -73,3 +77,42 @@ def emit_mla_partial(op, ctx) -> str:
         part=cnames.affine(op.attr("part")), parts=op.attr("parts"), tile=op.attr("tile"),
         scale=cnames.f32_literal(op.attr("scale")), m=m.ptr, l=l.ptr, o=o.ptr,
         scratch=ctx.scratch(op))
+
+
+@emitter("mla_attn_unit", scratch=mla_scratch, check=check_mla)
+def emit_mla_unit(op, ctx) -> str:
+    """CUDA of mla_attn_unit: the work unit's row and part from the run-time batch, then the
+    same split-KV loop as mla_attn_partial over one row (q read from global memory)."""
+    q, cache, lens, pos, new = (ctx.ref(v) for v in op.operands)
+    m, l, o = (ctx.ref(r) for r in op.results)
+    ctx.need("attention")
+    ctx.need("mla")
+    return ctx.render(
+        "ops/mla_attn_unit.cu.j2", G=q.shape[1], W=q.shape[2], L=op.attr("latent"),
+        TT=mla_tile(op, ctx.kernel.attr("threads")), tc=cache.ctype, units=op.attr("units"),
+        scratch_bytes=mla_scratch(op, ctx.kernel), q=q.ptr, cache=cache.ptr, S=cache.shape[1],
+        lens=lens.ptr, pos=pos.ptr, new=new.ptr, B=cnames.dim(lens.shape[0]),
+        unit=cnames.affine(op.attr("unit")), tile=op.attr("tile"),
+        scale=cnames.f32_literal(op.attr("scale")), m=m.ptr, l=l.ptr, o=o.ptr,
+        scratch=ctx.scratch(op))
+
+
+def merge_scratch(op, kernel) -> int:
+    """Bytes of attn_merge's scratch: max and denominator per (row, head), weight per (unit,
+    head)."""
+    u, g = op.operands[0].type.shape
+    b = op.operands[3].type.shape[0]
+    b = b if isinstance(b, int) else kernel.attr("max_batch")
+    return (2 * b * g + u * g) * 4
+
+
+@emitter("attn_merge", scratch=merge_scratch)
+def emit_attn_merge(op, ctx) -> str:
+    """CUDA of attn_merge: per (row, head, column) the weighted sum of its units' partials."""
+    m, l, o, lens = (ctx.ref(v) for v in op.operands)
+    out = ctx.ref(op.result)
+    b = lens.shape[0]
+    return ctx.render("ops/attn_merge.cu.j2", U=m.shape[0], G=m.shape[1], D=o.shape[2],
+                      B=cnames.dim(b), MB=b if isinstance(b, int) else ctx.max_batch,
+                      n=out.numel, m=m.ptr, l=l.ptr, o=o.ptr, out=out.ptr,
+                      scratch=ctx.scratch(op))

@@ -65,6 +65,8 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
         if op.name in ("cluster_reduce", "cluster_gather"):
             n_coll += 1
             coll_s += device.collective_time(size, op.operands[0].type.nbytes(env))
+        if op.name == "grid_barrier":
+            coll_s += device.grid_reduce_s
         if op.name == "grid_reduce":  # the last-arriving CTA sums every contribution alone
             window = op.operands[1].type.numel(env) * 4
             coll_s += grid * window / device.cta_l2_bandwidth + device.grid_reduce_s

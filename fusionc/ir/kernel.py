@@ -62,8 +62,23 @@ def _verify(k: Graph, module: Module | None) -> None:
                               loc=k.loc, valid="a kernel returns the parameters it writes")
     _check_collectives(k.body, rank_branch=None, exited=None)
     _check_barriers(k)
-    for op in k.walk():
-        _check_bounds(op, k)
+    _walk_bounds(k.body, k, (0, k.attr("grid")), (0, k.attr("cluster")))
+
+
+def _walk_bounds(ops, k: Graph, clusters: tuple[int, int], ranks: tuple[int, int]) -> None:
+    """_check_bounds on every op, over the clusters and ranks that reach it (``when``)."""
+    for op in ops:
+        if op.name == "when":
+            lo, hi = op.attr("lo"), op.attr("hi")
+            c, r = clusters, ranks
+            if op.attr("on") == "cluster":
+                c = (max(lo, c[0]), min(hi, c[1]))
+            else:
+                r = (max(lo, r[0]), min(hi, r[1]))
+            if c[0] < c[1] and r[0] < r[1]:
+                _walk_bounds(op.regions[0], k, c, r)
+            continue
+        _check_bounds(op, k, clusters, ranks)
 
 
 def _check_barriers(k: Graph) -> None:
@@ -74,7 +89,7 @@ def _check_barriers(k: Graph) -> None:
     read: dict[str, Op] = {}      # read by a collective in this phase
     stored: set[str] = set()
     for op in k.walk():
-        if op.name == "cluster_barrier":
+        if op.name in ("cluster_barrier", "grid_barrier"):
             written.clear()
             read.clear()
         elif op.name == "smem_store":
@@ -86,8 +101,7 @@ def _check_barriers(k: Graph) -> None:
                                   "collective and the next store")
             written[buf] = op
             stored.add(buf)
-        elif lookup(op.name) is not None and op.name != "cluster_barrier" and \
-                lookup(op.name).collective:
+        elif lookup(op.name) is not None and lookup(op.name).collective:
             buf = op.operands[0].name
             if buf not in stored:
                 raise VerifyError(f"%{buf} is never stored before this collective",
@@ -114,14 +128,15 @@ def _exit_error(op: Op | None, read: dict, k: Graph | None = None) -> None:
                       valid="a cluster_barrier() after the last collective, before any exit")
 
 
-def _extremes(a, grid: int, size: int) -> tuple[int, int]:
-    """Smallest and largest value of affine ``a`` over all (cluster, rank) of the launch."""
-    vals = [a(c, r) for c in (0, grid - 1) for r in (0, size - 1)]
+def _extremes(a, clusters: tuple[int, int], ranks: tuple[int, int]) -> tuple[int, int]:
+    """Smallest and largest value of affine ``a`` over the (cluster, rank) ranges."""
+    vals = [a(c, r) for c in (clusters[0], clusters[1] - 1) for r in (ranks[0], ranks[1] - 1)]
     return min(vals), max(vals)
 
 
-def _check_bounds(op: Op, k: Graph) -> None:
-    """Static check that unmasked tiles stay inside their tensors (static dims only)."""
+def _check_bounds(op: Op, k: Graph, clusters: tuple[int, int], ranks: tuple[int, int]) -> None:
+    """Static check that unmasked tiles stay inside their tensors (static dims only), over the
+    CTAs with cluster id in ``clusters`` and rank in ``ranks`` (half-open ranges)."""
     if op.name in ("load", "store", "grid_reduce"):
         if op.name != "grid_reduce" and op.attr("masked"):
             return
@@ -135,14 +150,13 @@ def _check_bounds(op: Op, k: Graph) -> None:
                  (op.attr("col"), op.operands[0].type.shape[-1], w.shape[-1]))
     else:
         return
-    grid, size = k.attr("grid"), k.attr("cluster")
     for axis, (off, n, dim) in enumerate(pairs):
         if not (isinstance(n, int) and isinstance(dim, int)):
             if str(off) != "0" or n != dim:
                 raise VerifyError(f"axis {axis}: a symbolic size {n} at offset \"{off}\"",
                                   op=op.name, loc=op.loc, valid="the whole symbolic dim at 0")
             continue
-        lo, hi = _extremes(off, grid, size)
+        lo, hi = _extremes(off, clusters, ranks)
         if lo < 0 or hi + n > dim:
             raise VerifyError(
                 f"axis {axis}: tile [{off}, +{n}) reaches {lo}..{hi + n} over the grid, outside "

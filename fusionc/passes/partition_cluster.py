@@ -17,11 +17,14 @@ Options:
     max_batch: largest batch the kernels are sized for (shared memory); a compile-time bucket.
     group: heads per cluster of MLA blocks (see :mod:`fusionc.lower.mla`); 0 lets the cost
         model choose.
+    grid: clusters of MLA blocks (at least heads / group; the extra ones join the attention);
+        0 lets the cost model choose between heads / group and every resident cluster.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusionc.cost.h200 import H200
 from fusionc.cost.model import kernel_cost
 from fusionc.codegen.generate import generate_cuda
 from fusionc.errors import CompileError, LoweringError, VerifyError
@@ -51,6 +54,7 @@ class PartitionCluster(Pass):
     kv_len: int = 4096
     max_batch: int = 8
     group: int = 0
+    grid: int = 0
 
     def run(self, module: Module) -> Module:
         if self.size not in (0,) + SIZES:
@@ -117,7 +121,8 @@ class PartitionCluster(Pass):
 
     def configs(self, st):
         """Candidate configurations of a stage: (cluster size, scheme) for attention, (cluster size,
-        heads per cluster) for MLA, (cluster size, grid, scheme) for MLP.
+        heads per cluster, grid: the head groups or every resident cluster) for MLA, (cluster size,
+        grid, scheme) for MLP.
         """
         sizes = SIZES if self.size == 0 else (self.size,)
         if isinstance(st, AttentionStage):
@@ -125,7 +130,10 @@ class PartitionCluster(Pass):
             return [(c, s) for c in sizes for s in schemes]
         if isinstance(st, MLAStage):   # (cluster size, heads per cluster)
             groups = SIZES if self.group == 0 else (self.group,)
-            return [(c, g) for c in sizes for g in groups if st.heads % g == 0]
+            return [(c, g, grid) for c in sizes for g in groups if st.heads % g == 0
+                    for grid in (sorted({st.heads // g, H200.resident_clusters.get(c, 0)})
+                                 if self.grid == 0 else (self.grid,))
+                    if grid >= st.heads // g]
         inter = st.gate.rows
         splitn = [(c, grid, "splitn") for c in sizes for grid in range(1, 4 * 132 // c + 1)
                   if inter % (grid * c) == 0 and grid * c >= min(66, inter // 8)
@@ -143,7 +151,8 @@ class PartitionCluster(Pass):
         if isinstance(st, AttentionStage):
             return lower_attention(st, name, size, *extra, self.max_batch)
         if isinstance(st, MLAStage):
-            return lower_mla(st, name, size, *extra, self.max_batch)
+            group, grid = extra
+            return lower_mla(st, name, size, group, self.max_batch, grid)
         grid, scheme = extra
         return lower_mlp(st, name, size, grid, self.max_batch, scheme)
 
@@ -171,11 +180,11 @@ def _last(g: Graph, ops) -> Op:
 
 
 def _launch(k: Graph, st) -> Op:
-    outs = {v.name: v for v in k.outputs}
-    n_in = len(k.params) - sum(1 for p in k.params if p.name in outs and p is k.outputs[-1]
-                               and p.name == st.out.name)
+    # pure outputs (the block's output, workspaces) follow the inputs and are not arguments
+    n_in = len(k.params) - sum(1 for v in k.outputs if v.name not in st.in_place)
     args = tuple(p for p in k.params[:n_in])
-    results = [st.out if v.name == st.out.name else st.in_place[v.name]  # updated in place
+    # the block's output, inputs updated in place (caches), or a workspace no op reads
+    results = [st.out if v.name == st.out.name else st.in_place.get(v.name, v)
                for v in k.outputs]
     return Op("launch", tuple(results), args,
               lookup("launch").make_attrs({"kernel": SymbolRef(k.name)}), (), k.loc)

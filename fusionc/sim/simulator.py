@@ -39,13 +39,25 @@ def simulate_kernel(kernel: Graph, args: dict[str, np.ndarray],
     memory = GlobalMemory({p.name: np.array(round_to(np.asarray(args[p.name]), p.type.dtype))
                            for p in kernel.params})
     grid, size = kernel.attr("grid"), kernel.attr("cluster")
-    for cid in range(grid):
-        _run_cluster(kernel, cid, size, env, memory)
+    clusters = [_run_cluster(kernel, cid, size, env, memory) for cid in range(grid)]
+    while clusters:   # every cluster runs to its next grid_barrier (or its end), then all resume
+        at = [_advance(c) for c in clusters]
+        waiting = [c for c, a in zip(clusters, at) if a is not None]
+        if waiting and len(waiting) != len(clusters):
+            op = next(a for a in at if a is not None)
+            raise SimulationError(
+                "some clusters finished while others wait at a grid_barrier (a hang on the GPU)",
+                op=op.name, loc=op.loc, valid="a grid_barrier reached by every CTA of the grid")
+        if waiting:
+            memory.grid_sync()
+        clusters = waiting
     memory.finish_reductions({p.name: p.type.dtype for p in kernel.params})
     return {v.name: memory.arrays[v.name] for v in kernel.outputs}
 
 
-def _run_cluster(kernel: Graph, cid: int, size: int, env: dict, memory: GlobalMemory) -> None:
+def _run_cluster(kernel: Graph, cid: int, size: int, env: dict,
+                 memory: GlobalMemory) -> Iterator[Op]:
+    """Run cluster ``cid`` in lockstep over its CTAs; yields at each grid_barrier."""
     ctas = [CTA(cid, r, size, env, memory) for r in range(size)]
     for cta in ctas:
         for p in kernel.params:
@@ -55,6 +67,12 @@ def _run_cluster(kernel: Graph, cid: int, size: int, env: dict, memory: GlobalMe
     while any(w is not None for w in waiting):
         _check_same_collective(waiting, ctas)
         op = waiting[0]
+        if op.name == "grid_barrier":   # the grid scheduler (simulate_kernel) resumes us
+            yield op
+            for cta in ctas:   # a grid barrier also ends the cluster's barrier phase
+                cta.phase += 1
+            waiting = [_advance(p) for p in progs]
+            continue
         results = lookup(op.name).simulate(op, ctas)
         for cta, res in zip(ctas, results):
             _assign(op, cta, res)

@@ -105,6 +105,11 @@ class GlobalMemory:
         self.arrays[name][index] = round_to(value, dtype)
         self.writer[name][index] = cta.gid
 
+    def grid_sync(self) -> None:
+        """A grid_barrier: every store so far is visible to every CTA (the race marks clear)."""
+        for w in self.writer.values():
+            w.fill(-1)
+
     def add_reduction(self, name: str, index: tuple, value: np.ndarray, cta: CTA,
                       init: np.ndarray | None = None) -> None:
         """Record a grid_reduce contribution of ``cta`` (and its init), applied by

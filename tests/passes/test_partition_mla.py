@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import fusionc as fc
 from filecheck import filecheck
-from fusionc.errors import FusionError
+from fusionc.errors import FusionError, LoweringError
 from fusionc.interp import interpret
 from fusionc.ir import parse_module, print_module
 from fusionc.passes import run_pipeline
@@ -18,6 +18,7 @@ from fusionc.sim import simulate
 from tests.passes.graphs import example, inputs, rel_err
 
 TOL = {"f16": 1e-2, "bf16": 2e-2, "f32": 1e-4}
+INFEASIBLE = ("rows over", "not divisible", "shared memory", "resident")
 
 
 @st.composite
@@ -34,7 +35,8 @@ def mla_configs(draw):
                    max_seq=max_seq),
         batch=batch, lens=draw(st.lists(st.integers(0, max_seq), min_size=batch,
                                         max_size=batch)),
-        dtype=draw(st.sampled_from(["f16", "bf16", "f32"])), seed=draw(st.integers(0, 2**16)))
+        dtype=draw(st.sampled_from(["f16", "bf16", "f32"])), seed=draw(st.integers(0, 2**16)),
+        extra=draw(st.integers(0, 3)))   # clusters that only take attention work units
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,7 +45,11 @@ def test_mla_block_lowering_matches_interpreter(c):
     m = example("deepseek_v2_lite", **c["sizes"], dtype=c["dtype"])
     g = m["attention"]
     pipeline = (f"partition-cluster{{size={c['size']},max_batch={c['batch']}}}")
-    low = run_pipeline(m, pipeline)
+    try:
+        low = run_pipeline(m, pipeline)
+    except LoweringError as e:   # e.g. more rows than CTAs, a grid too large to be resident
+        assert any(t in str(e) for t in INFEASIBLE), e
+        return
     assert parse_module(print_module(low)) == low
     args = inputs(g, c["batch"], c["lens"], np.random.default_rng(c["seed"]))
     ref = interpret(g, args)
@@ -63,11 +69,16 @@ def test_every_heads_per_cluster_matches_interpreter(c):
     m = example("deepseek_v2_lite", **c["sizes"], dtype=c["dtype"])
     g = m["attention"]
     att = next(op for op in g.body if op.name == "mla_decode_attention")
-    k = lower_mla(match_mla(Dataflow(g), att), "k", c["size"], c["group"], c["batch"])
+    try:
+        k = lower_mla(match_mla(Dataflow(g), att), "k", c["size"], c["group"], c["batch"],
+                      c["heads"] // c["group"] + c["extra"])
+    except LoweringError as e:
+        assert any(t in str(e) for t in INFEASIBLE), e
+        return
     args = inputs(g, c["batch"], c["lens"], np.random.default_rng(c["seed"]))
     from fusionc.sim import simulate_kernel
-    kin = {p.name: args.get(p.name, np.full((c["batch"], c["sizes"]["hidden"]), np.nan))
-           for p in k.params}
+    kin = {p.name: args[p.name] if p.name in args
+           else np.full(p.type.concrete({"B": c["batch"]}), np.nan) for p in k.params}
     got = simulate_kernel(Module((k,))["k"], kin)
     ref = interpret(g, args)
     out_name = k.outputs[-1].name
@@ -76,39 +87,52 @@ def test_every_heads_per_cluster_matches_interpreter(c):
 
 
 def test_deepseek_v2_lite_lowered_ir():
-    """One fused kernel: gathers for q / [c ; k_rope], the latent query (q·W_UK slices) and the
-    W_UV output; max and sum reductions for the split-KV merge; the cache append on one CTA;
-    the output projection summed over clusters by grid_reduce."""
+    """One persistent kernel in five phases split by grid barriers: w_q and w_kv_a rows over
+    every CTA; per head group the absorbed query (q·W_UK slices gathered), and the new cache row
+    built and appended once by a cluster without heads; split-KV attention of one unit per CTA; per head group the merge, W_UV (gathered); the
+    output projection rows over every CTA with the residual."""
     low = run_pipeline(example("deepseek_v2_lite"), "partition-cluster{size=4,max_batch=1}")
     text = print_module(low)
     assert sum(g.kind == "kernel" for g in low.graphs) == 1
     filecheck(text, """
     CHECK: kernel @attention_k0
     CHECK: gemv(%h_{{[0-9]+}}, %w_q)
+    CHECK: store(%attention_k0_ws_qr
     CHECK: gemv(%h_{{[0-9]+}}, %w_kv_a)
-    CHECK: cluster_gather
-    CHECK: rms_norm
+    CHECK: store(%attention_k0_ws_kv
+    CHECK: grid_barrier()
+    CHECK: load(%attention_k0_ws_qr)
     CHECK: rope
-    CHECK: when() {on = cluster, lo = 0, hi = 1}
-    CHECK: kv_append(%cache
     CHECK: gemv({{.*}}, %w_uk_t)
     CHECK: cluster_gather
-    CHECK: mla_attn_partial
-    CHECK: cluster_reduce({{.*}}) {op = max
-    CHECK: cluster_reduce({{.*}}) {op = sum
+    CHECK: store(%attention_k0_ws_q,
+    CHECK: when() {on = cluster, lo = 16, hi = 17}
+    CHECK: rms_norm
+    CHECK: kv_append(%cache
+    CHECK: store(%attention_k0_ws_new
+    CHECK: grid_barrier()
+    CHECK: load(%attention_k0_ws_new)
+    CHECK: mla_attn_unit(%attention_k0_ws_q, %cache
+    CHECK: store(%attention_k0_ws_o
+    CHECK: grid_barrier()
+    CHECK: attn_merge
+    CHECK: cluster_gather
     CHECK: gemv({{.*}}, %w_uv)
     CHECK: cluster_gather
-    CHECK: gemv({{.*}}, %w_o)
-    CHECK: grid_reduce
+    CHECK: store(%attention_k0_ws_ov
+    CHECK: grid_barrier()
+    CHECK: gemv(%ovx_{{[0-9]+}}, %w_o)
+    CHECK: load(%x)
+    CHECK: store(%2, %y_res
     CHECK: launch(
     """)
 
 
 def test_mla_sizes_that_cannot_divide_are_explained():
-    m = example("deepseek_v2_lite", hidden=32, heads=2, qk_nope=16, qk_rope=8, v_head=16,
+    m = example("deepseek_v2_lite", hidden=32, heads=2, qk_nope=16, qk_rope=8, v_head=24,
                 kv_lora=16, max_seq=8)
-    with pytest.raises(FusionError, match="mla_decode_attention.*= 24 is not divisible by "
-                                          "the cluster size 16"):
+    with pytest.raises(FusionError, match="mla_decode_attention.*v_head = 24 is not "
+                                          "divisible by the cluster size 16"):
         run_pipeline(m, "partition-cluster{size=16}")
 
 

@@ -8,6 +8,12 @@
     the last CTA to arrive at a window add the slots in this order (DESIGN §5). Used for the
     output projections summed over heads or over the intermediate dimension; the fused result is
     rounded once where the graph rounds the projection and the residual add separately.
+``grid_barrier()``
+    Every CTA of the grid waits until all have arrived; global stores before it are visible to
+    every CTA after it (a software grid barrier: fence, arrival count, generation flag, as
+    cooperative groups' grid sync). Only at the top level of a kernel (every CTA reaches it),
+    and only in kernels whose whole grid is resident at once (checked against the device's
+    resident clusters): otherwise arrived CTAs would wait for CTAs that cannot start.
 ``%outs = launch(%args) {kernel = @k}`` (in graphs)
     Runs kernel ``@k`` with its leading parameters bound to ``%args``; the remaining
     parameters are pure outputs allocated by the runtime. Results are the kernel's returned
@@ -72,5 +78,24 @@ def _cost_grid_reduce(op, env):
 register(OpDef("grid_reduce", __doc__, ("dst", "tile", "init?"),
                (attr("offsets", AFFINES),), _infer_grid_reduce, where=K,
                simulate=_sim_grid_reduce, verify=_verify_store, cost=_cost_grid_reduce))
+def _verify_grid_barrier(op, graph, module):
+    if graph is None:
+        return
+    if not any(o is op for o in graph.body):
+        fail(op, "grid_barrier inside a region", "grid_barrier at the top level of the kernel")
+    from fusionc.cost.h200 import H200
+    grid, size = graph.attr("grid"), graph.attr("cluster")
+    if grid > H200.resident_clusters.get(size, 0):
+        fail(op, f"a grid of {grid} clusters of {size} CTAs with a grid barrier",
+             f"at most {H200.resident_clusters.get(size, 0)} clusters of {size} "
+             "(all resident at once, one CTA per SM)")
+
+
+def _cost_grid_barrier(op, env):
+    return Cost()
+
+
+register(OpDef("grid_barrier", __doc__, (), (), lambda op: (), where=K, collective=True,
+               verify=_verify_grid_barrier, cost=_cost_grid_barrier))
 register(OpDef("launch", __doc__, ("args*",), (attr("kernel", SYMBOL),),
                lambda op: tuple(r.type for r in op.results), verify=_verify_launch))
