@@ -1,4 +1,5 @@
-"""Emitter of ``mla_attn_partial`` (templates/ops/mla_attn_partial.cu.j2, lib/mla.cuh.j2).
+"""Emitters of the MLA tile ops ``mla_attn_unit`` (templates/ops/mla_attn_unit.cu.j2,
+lib/mla.cuh.j2) and ``attn_merge`` (templates/ops/attn_merge.cu.j2).
 
 The latent cache streams with 16-byte ``cp.async`` copies, so a row must be whole 16-byte
 vectors (W · itemsize % 16 == 0: 576 in bf16/f16, any multiple of 4 in f32)."""
@@ -25,7 +26,7 @@ def mla_tile(op, threads: int) -> int:
 
 
 def mla_scratch(op, kernel) -> int:
-    """Bytes of shared memory the MLA attention ops use: the larger of the CUDA-core layout
+    """Bytes of shared memory mla_attn_unit uses: the larger of the CUDA-core layout
     (FcMlaSmem) and the tensor-core one (FcMlaMmaSmem) in lib/mla, whichever the code takes."""
     g, w = op.operands[0].type.shape[1:]
     isz = op.operands[1].type.dtype.itemsize
@@ -62,27 +63,10 @@ def check_mla(op, kernel) -> None:
                            valid="f16, bf16 or f32")
 
 
-@emitter("mla_attn_partial", scratch=mla_scratch, check=check_mla)
-def emit_mla_partial(op, ctx) -> str:
-    """CUDA of mla_attn_partial: split-KV online softmax over this CTA's chunk of latent rows."""
-    q, cache, lens, pos, new = (ctx.ref(v) for v in op.operands)
-    m, l, o = (ctx.ref(r) for r in op.results)
-    ctx.need("attention")
-    ctx.need("mla")
-    return ctx.render(
-        "ops/mla_attn_partial.cu.j2", G=q.shape[1], W=q.shape[2], L=op.attr("latent"),
-        TT=mla_tile(op, ctx.kernel.attr("threads")), tc=cache.ctype,
-        scratch_bytes=mla_scratch(op, ctx.kernel), q=q.ptr, cache=cache.ptr, S=cache.shape[1],
-        lens=lens.ptr, pos=pos.ptr, new=new.ptr, B=cnames.dim(q.shape[0]),
-        part=cnames.affine(op.attr("part")), parts=op.attr("parts"), tile=op.attr("tile"),
-        scale=cnames.f32_literal(op.attr("scale")), m=m.ptr, l=l.ptr, o=o.ptr,
-        scratch=ctx.scratch(op))
-
-
 @emitter("mla_attn_unit", scratch=mla_scratch, check=check_mla)
 def emit_mla_unit(op, ctx) -> str:
     """CUDA of mla_attn_unit: the work unit's row and part from the run-time batch, then the
-    same split-KV loop as mla_attn_partial over one row (q read from global memory)."""
+    split-KV loop over that row (tensor cores for 16-bit caches; q read from global memory)."""
     q, cache, lens, pos, new = (ctx.ref(v) for v in op.operands)
     m, l, o = (ctx.ref(r) for r in op.results)
     ctx.need("attention")

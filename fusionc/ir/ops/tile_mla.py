@@ -1,21 +1,17 @@
 """Tile IR: split-KV decode attention over the latent cache of multi-head latent attention.
 
-``mla_attn_partial(%q, %cache, %seq_lens, %positions, %new) {part, parts, tile, scale, latent}
--> (m: f32[B, G], l: f32[B, G], o: f32[B, G, latent])``
-    The weight-absorbed MLA score and output (DeepSeek-AI 2024, "DeepSeek-V2", arXiv
-    2405.04434, §2.1.2-2.1.3 and appendix C): the cache holds one row ``[c_KV ; k_R]`` of width
-    W = latent + rope per token, shared by all heads; q = ``[W_UKᵀ q_nope ; q_rope]`` is
-    ``[B, G, W]`` for the G heads this CTA serves. Over this CTA's chunk of tokens (as
-    ``attn_partial``: n = clamp(seq_lens[b], 0, max_seq), chunk ``part`` of ``parts``,
-    tile-aligned), with s_t = scale · q[b, g] · cache[b, t] in fp32 (the full row: latent and
-    RoPE parts): m = max_t s_t, l = Σ_t exp(s_t − m), o = Σ_t exp(s_t − m) · cache[b, t, :latent]
-    (the value is the latent part of the same row: K and V are one stream). The token at
-    positions[b] takes ``new`` ([B, W], appended in this launch). An empty chunk gives
-    (−inf, 0, 0). Merged over CTAs by ``attn_rescale`` / ``cluster_reduce`` / ``attn_finish``
-    exactly as split-KV attention.
+The weight-absorbed MLA score and output (DeepSeek-AI 2024, "DeepSeek-V2", arXiv 2405.04434,
+§2.1.2-2.1.3 and appendix C): the cache holds one row ``[c_KV ; k_R]`` of width W = latent +
+rope per token, shared by all heads; q = ``[W_UKᵀ q_nope ; q_rope]`` is ``[B, G, W]``. With
+s_t = scale · q[b, g] · cache[b, t] in fp32 (the full row: latent and RoPE parts),
+m = max_t s_t, l = Σ_t exp(s_t − m), o = Σ_t exp(s_t − m) · cache[b, t, :latent] (the value is
+the latent part of the same row: K and V are one stream). The token at positions[b] takes
+``new`` ([B, W], appended in this launch). Chunks of tokens as ``attn_partial``
+(n = clamp(seq_lens[b], 0, max_seq), tile-aligned).
+
 ``mla_attn_unit(%q, %cache, %seq_lens, %positions, %new) {unit, units, tile, scale, latent}
 -> (m: f32[1, G], l: f32[1, G], o: f32[1, G, latent])``
-    The same over one *work unit* of a grid-wide split: with the run-time batch B, each row is
+    (m, l, o) over one *work unit* of a grid-wide split: with the run-time batch B, each row is
     split into per = max(1, units // B) parts; unit u = ``unit`` (one per CTA) takes row
     b = u // per, part u % per (units past per·B are idle: (−inf, 0, 0)). q is a global
     parameter ``[B, G, W]`` (written before a ``grid_barrier``), so a CTA reads only its row.
@@ -36,47 +32,6 @@ from fusionc.ir.registry import AFFINE, FLOAT, POS_INT, Cost, OpDef, attr, fail,
 from fusionc.ir.types import DType
 
 
-def _infer(op):
-    q, cache, lens, pos, new = (v.type for v in op.operands)
-    if q.rank != 3 or cache.rank != 3 or q.shape[2] != cache.shape[2]:
-        fail(op, f"q {q}, cache {cache}", "q [B, G, W] and cache [B, S, W] of one width W")
-    b, g, w = q.shape
-    lat = op.attr("latent")
-    if new.shape != (b, w) or not (isinstance(w, int) and lat < w):
-        fail(op, f"new {new}, latent {lat}, width {w}", f"new [{b}, {w}] and latent < {w}")
-    for t, what in ((lens, "seq_lens"), (pos, "positions")):
-        if t.dtype != DType.i32 or t.shape != (b,):
-            fail(op, f"{what} has type {t}", f"i32[{b}]")
-    if not 0 < op.attr("scale") < float("inf"):
-        fail(op, f"scale = {op.attr('scale')}", "a finite scale > 0")
-    f32 = DType.f32
-    return (q.with_shape((b, g)).with_dtype(f32), q.with_shape((b, g)).with_dtype(f32),
-            q.with_shape((b, g, lat)).with_dtype(f32))
-
-
-def _simulate(op, args, cta):
-    q, _, lens, pos, new = (np.asarray(a) for a in args)
-    q, new = q.astype(np.float32), new.astype(np.float32)
-    name, lat = op.operands[1].name, op.attr("latent")
-    part = op.attr("part")(cta.cluster, cta.rank)
-    B, G, _ = q.shape
-    m = np.full((B, G), -np.inf, np.float32)
-    l = np.zeros((B, G), np.float32)
-    o = np.zeros((B, G, lat), np.float32)
-    for b in range(B):
-        n = min(max(int(lens[b]), 0), cta.memory.arrays[name].shape[1])  # as the GPU clamps
-        lo, hi = chunk_range(n, part, op.attr("parts"), op.attr("tile"))
-        if hi <= lo:
-            continue
-        rows = _rows(cta, op, name, b, lo, hi, int(pos[b]), new[b])
-        s = (q[b] @ rows.T) * np.float32(op.attr("scale"))  # [G, T]
-        m[b] = s.max(axis=1)
-        p = np.exp(s - m[b][:, None])
-        l[b] = p.sum(axis=1)
-        o[b] = p @ rows[:, :lat]
-    return m, l, o
-
-
 def _rows(cta, op, name, b, lo, hi, pos, new):
     """Cache rows lo..hi of batch row b in fp32; the appended token's row from ``new`` (the
     cache row at ``pos`` is being written by another CTA of this launch)."""
@@ -88,25 +43,6 @@ def _rows(cta, op, name, b, lo, hi, pos, new):
     if inside:
         out[pos - lo] = new
     return out
-
-
-def _cost(op, env):
-    """One read of this CTA's chunk of cache rows per batch row; score and output FLOPs."""
-    q, cache = op.operands[0].type, op.operands[1].type
-    b, g, w = q.concrete(env)
-    chunk = -(-env.get("S", cache.concrete(env)[1]) // op.attr("parts"))
-    lat = op.attr("latent")
-    return Cost(bytes_read=b * chunk * w * cache.dtype.itemsize,
-                flops=2 * b * g * chunk * (w + lat))
-
-
-register(OpDef(
-    "mla_attn_partial", __doc__, ("q", "cache", "seq_lens", "positions", "new"),
-    (attr("part", AFFINE), attr("parts", POS_INT),
-     attr("tile", POS_INT, 16, doc="tokens per cache tile; chunks are tile-aligned"),
-     attr("scale", FLOAT), attr("latent", POS_INT, doc="value width: the latent part of a row")),
-    _infer, where=K, simulate=_simulate,
-    verify=lambda op, g, m: param_of(op, g, op.operands[1], "cache"), cost=_cost))
 
 
 def unit_row(u: int, units: int, batch: int) -> tuple[int, int, int]:
