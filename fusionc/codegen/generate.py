@@ -21,6 +21,7 @@ from fusionc.codegen.layout import flatten, plan_smem
 from fusionc.codegen.refs import Ref
 from fusionc.codegen.render import render
 from fusionc.codegen.source import KernelParam, KernelSource
+from fusionc.errors import CompileError
 from fusionc.ir.nodes import Graph
 from fusionc.ir.printer import print_graph
 
@@ -47,6 +48,9 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
     layout = _make_refs(ctx)
     body = emit_body(ctx)
     timeline = 0
+    if options.timeline and ctx.barriers > 7:
+        raise CompileError(f"{ctx.barriers} grid barriers in a timeline build", op=kernel.name,
+                           loc=kernel.loc, valid="at most 7 (16 time stamps per CTA)")
     if options.timeline:   # 16 slots of 64 bits per CTA after every other counter (aligned)
         ctx.workspace.counters += ctx.workspace.counters % 2
         timeline = ctx.workspace.counters

@@ -20,9 +20,10 @@ def mla_tile(op, threads: int) -> int:
     isz = op.operands[1].type.dtype.itemsize
     for tt in (32, 16, 8):
         seg = threads // tt
-        if 2 * tt * (w * isz + 16) <= STAGE_BUDGET and threads % tt == 0 and seg <= 32:
+        if 2 * tt * (w * isz + 16) <= STAGE_BUDGET and threads % tt == 0 and seg <= 32 \
+                and seg & (seg - 1) == 0:
             return tt
-    return 8
+    return 0
 
 
 def mla_scratch(op, kernel) -> int:
@@ -33,7 +34,7 @@ def mla_scratch(op, kernel) -> int:
     tt = mla_tile(op, kernel.attr("threads"))
     fma = 2 * tt * (w + 16 // isz) * isz + (g * w + g * tt + 3 * g) * 4
     mma = 2 * tt * (w + 8) * 2 + 16 * (w + 8) * 2 + (8 // (tt // 8)) * 16 * tt * 4 \
-        + 16 * (tt + 8) * 2 + 3 * 16 * 4 if tt >= 8 else 0
+        + 16 * (tt + 8) * 2 + 3 * 16 * 4
     return max(fma, mma)
 
 
@@ -52,12 +53,15 @@ def check_mla(op, kernel) -> None:
                            "not whole 16-byte vectors", op=op.name, loc=op.loc,
                            valid=f"latent + rope a multiple of {max(4, 16 // isz)}")
     if g > MAX_HEADS:
-        raise CompileError(f"{g} heads in one CTA", op=op.name, loc=op.loc,
-                           valid=f"at most {MAX_HEADS} heads per cluster")
+        raise CompileError(f"{g} heads: every work unit computes all heads in one CTA",
+                           op=op.name, loc=op.loc,
+                           valid=f"at most {MAX_HEADS} heads (the output accumulators live in "
+                                 "registers)")
     t = kernel.attr("threads")
-    if t % 32 or t < 64:
+    if t % 32 or t < 64 or not mla_tile(op, t):
         raise CompileError(f"{t} threads per CTA", op=op.name, loc=op.loc,
-                           valid="a multiple of 32, at least 64")
+                           valid="a multiple of 32 of at least 64 that splits into a power of "
+                                 "two threads per cached token (e.g. 128, 256, 512)")
     if {q.dtype.value, cache.dtype.value} - {"f16", "bf16", "f32"}:
         raise CompileError(f"q {q.dtype}, cache {cache.dtype}", op=op.name, loc=op.loc,
                            valid="f16, bf16 or f32")

@@ -38,9 +38,9 @@ def lower_mla(st: MLAStage, name: str, size: int, group: int, max_batch: int,
               grid: int = 0, threads: int = 256, kv_tile: int = 16) -> Graph:
     """The kernel for ``st``: ``grid`` clusters of ``size`` CTAs (0: ``heads / group``)."""
     ncl = st.heads // group if st.heads % group == 0 else 0
+    _check(st, size, group, max_batch, max(grid, ncl) * size, grid)
     grid = max(grid, ncl)
     units = grid * size
-    _check(st, size, group, max_batch, units)
     b = KernelBuilder(name, st.ops[0].loc)
     for v in (st.x, st.q.weight, st.c.weight, st.cache, st.seq_lens, st.positions):
         b.param(v)
@@ -104,8 +104,8 @@ def _rows_to(b: KernelBuilder, x: Value, w: Value, row0: int, n: int, size: int,
     b.op("store", dst, y, offsets=["0", f"{r * size}*cluster + {r}*rank"], masked=tail)
 
 
-def _check(st: MLAStage, size: int, group: int, max_batch: int, units: int) -> None:
-    qw = st.nope + st.rope_dim
+def _check(st: MLAStage, size: int, group: int, max_batch: int, units: int,
+           grid: int) -> None:
     need = [("heads", st.heads, group, "heads per cluster"),
             ("latent", st.latent, size, "cluster size"),
             ("v_head", st.v_head, size, "cluster size")]
@@ -118,7 +118,15 @@ def _check(st: MLAStage, size: int, group: int, max_batch: int, units: int) -> N
         raise LoweringError(f"max_batch {max_batch} rows over {units} CTAs (one work unit each)",
                             op="mla_decode_attention", loc=st.ops[0].loc,
                             valid=f"max_batch <= clusters x cluster size = {units}")
-    if st.k_rope.row0 != st.c.row0 + st.latent or st.q.rows != st.heads * qw:
+    if st.heads > 16:
+        raise LoweringError(f"{st.heads} heads", op="mla_decode_attention", loc=st.ops[0].loc,
+                            valid="at most 16 heads: every attention work unit computes all "
+                                  "heads in one CTA")
+    if 0 < grid < st.heads // group:
+        raise LoweringError(f"grid = {grid} clusters for {st.heads // group} head groups",
+                            op="mla_decode_attention", loc=st.ops[0].loc,
+                            valid=f"grid >= heads / group = {st.heads // group}")
+    if st.k_rope.row0 != st.c.row0 + st.latent:
         raise LoweringError("the RoPE key rows do not follow the latent rows in w_kv_a",
                             op="linear", loc=st.c.loc, valid="split(linear(h, w_kv_a), "
                             "[latent, rope]) with the latent first")
@@ -171,7 +179,7 @@ def _heads_out(b: KernelBuilder, st: MLAStage, ws: dict, lens: Value, size: int,
 def _project_out(b: KernelBuilder, st: MLAStage, ov: Value, size: int, units: int) -> None:
     """Phase 5: rows [u·r, (u+1)·r) of the output projection over all heads, plus the
     residual (fp32), rounded once and stored."""
-    B, dt = st.x.type.shape[0], str(st.x.type.dtype)
+    B = st.x.type.shape[0]
     n = st.o_proj.type.shape[0]
     r = -(-n // units)
     tail = r * units > n

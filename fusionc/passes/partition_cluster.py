@@ -128,12 +128,12 @@ class PartitionCluster(Pass):
         if isinstance(st, AttentionStage):
             schemes = ("splitk", "splitn") if self.scheme == "auto" else (self.scheme,)
             return [(c, s) for c in sizes for s in schemes]
-        if isinstance(st, MLAStage):   # (cluster size, heads per cluster)
+        if isinstance(st, MLAStage):   # (cluster size, heads per cluster, clusters)
             groups = SIZES if self.group == 0 else (self.group,)
             return [(c, g, grid) for c in sizes for g in groups if st.heads % g == 0
                     for grid in (sorted({st.heads // g, H200.resident_clusters.get(c, 0)})
                                  if self.grid == 0 else (self.grid,))
-                    if grid >= st.heads // g]
+                    if self.grid or grid >= st.heads // g]
         inter = st.gate.rows
         splitn = [(c, grid, "splitn") for c in sizes for grid in range(1, 4 * 132 // c + 1)
                   if inter % (grid * c) == 0 and grid * c >= min(66, inter // 8)

@@ -54,6 +54,22 @@ def ensure_device() -> None:
                           valid="an sm_90 GPU (H100, H200): kernels are built for sm_90a")
 
 
+def _check_resident(src) -> None:
+    """A kernel with a grid barrier needs its whole grid resident at once: the compiler sized it
+    for an H200's 132 SMs (fusionc.ir.ops.tile_grid.RESIDENT_CLUSTERS); refuse a GPU with fewer
+    SMs (an H100 PCIe, a MIG slice) instead of trapping in the barrier. Other kernels sharing
+    the GPU at the same time (MPS, concurrent streams) can still keep CTAs out: the barrier's
+    bounded spin then traps after 2 s rather than hang."""
+    if src.kernel is None or not any(op.name == "grid_barrier" for op in src.kernel.walk()):
+        return
+    import cupy
+    sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
+    if sms < 132:
+        raise DeviceError(f"{src.name} keeps {src.blocks} CTAs resident at once (grid "
+                          f"barrier) but this GPU has {sms} SMs",
+                          valid="an H200 or H100 SXM (132 SMs) for kernels with a grid barrier")
+
+
 class LoadedKernel:
     """A compiled kernel loaded into the current context, with its global workspace.
 
@@ -70,6 +86,7 @@ class LoadedKernel:
         cu = driver()
         self.compiled = compiled
         src = compiled.source
+        _check_resident(src)
         self.module = check(cu.cuModuleLoadData(compiled.cubin), "cuModuleLoadData")
         self.function = check(cu.cuModuleGetFunction(self.module, src.name.encode()),
                               "cuModuleGetFunction")

@@ -43,11 +43,12 @@ def simulate_kernel(kernel: Graph, args: dict[str, np.ndarray],
     while clusters:   # every cluster runs to its next grid_barrier (or its end), then all resume
         at = [_advance(c) for c in clusters]
         waiting = [c for c, a in zip(clusters, at) if a is not None]
-        if waiting and len(waiting) != len(clusters):
-            op = next(a for a in at if a is not None)
+        first = next((a for a in at if a is not None), None)
+        if waiting and (len(waiting) != len(clusters) or any(a is not first for a in at)):
             raise SimulationError(
-                "some clusters finished while others wait at a grid_barrier (a hang on the GPU)",
-                op=op.name, loc=op.loc, valid="a grid_barrier reached by every CTA of the grid")
+                "clusters wait at different grid_barriers, or some finished while others wait "
+                "(a hang on the GPU)", op=first.name, loc=first.loc,
+                valid="every grid_barrier reached by every CTA of the grid, in the same order")
         if waiting:
             memory.grid_sync()
         clusters = waiting

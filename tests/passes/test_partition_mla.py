@@ -28,7 +28,8 @@ def mla_configs(draw):
     batch = draw(st.integers(1, 4))
     max_seq = draw(st.integers(1, 40))
     return dict(
-        size=size, heads=heads, group=draw(st.sampled_from([g for g in (1, 2, 4) if heads % g == 0])),
+        size=size, heads=heads,
+        group=draw(st.sampled_from([g for g in (1, 2, 4) if heads % g == 0])),
         sizes=dict(hidden=16 * draw(st.integers(1, 3)), heads=heads,
                    qk_nope=draw(st.sampled_from([16, 32])), qk_rope=16,
                    v_head=draw(st.sampled_from([16, 32])), kv_lora=16 * draw(st.integers(1, 3)),
@@ -89,8 +90,10 @@ def test_every_heads_per_cluster_matches_interpreter(c):
 def test_deepseek_v2_lite_lowered_ir():
     """One persistent kernel in five phases split by grid barriers: w_q and w_kv_a rows over
     every CTA; per head group the absorbed query (q·W_UK slices gathered), and the new cache row
-    built and appended once by a cluster without heads; split-KV attention of one unit per CTA; per head group the merge, W_UV (gathered); the
-    output projection rows over every CTA with the residual."""
+    built and appended once by a cluster without heads; split-KV attention of one unit per
+    CTA; per head group the merge, W_UV (gathered); the output projection rows over every CTA
+    with the residual.
+    """
     low = run_pipeline(example("deepseek_v2_lite"), "partition-cluster{size=4,max_batch=1}")
     text = print_module(low)
     assert sum(g.kind == "kernel" for g in low.graphs) == 1

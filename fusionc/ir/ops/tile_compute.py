@@ -4,7 +4,8 @@
     Partial product of a weight tile streamed from global memory:
     y[..., n] = Σ_k x[..., k] · w[row + n, col + k] for k < K (K = last dim of x), with
     fp32 accumulation. A weight of rank > 2 (one matrix per head, ``[heads, N, K]``) is read as
-    its row-major flattening ``[heads·N, K]``. The CTA reads each weight element of its tile once for all batch rows.
+    its row-major flattening ``[heads·N, K]``. The CTA reads each weight element of its tile
+    once for all batch rows.
     With ``masked``, weight elements outside ``w`` count as 0 (K and N tails).
 ``reduce(%x) {op = sum|max|sumsq, axis} : f32[...]``
     In-CTA reduction over one axis (removed), fp32.

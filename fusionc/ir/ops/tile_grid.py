@@ -12,8 +12,10 @@
     Every CTA of the grid waits until all have arrived; global stores before it are visible to
     every CTA after it (a software grid barrier: fence, arrival count, generation flag, as
     cooperative groups' grid sync). Only at the top level of a kernel (every CTA reaches it),
-    and only in kernels whose whole grid is resident at once (checked against the device's
-    resident clusters): otherwise arrived CTAs would wait for CTAs that cannot start.
+    with no exit or grid_reduce before it, and only in kernels whose whole grid is resident at
+    once (checked against an H200's resident clusters, and at load time against the GPU's SM
+    count): otherwise arrived CTAs would wait for CTAs that cannot start (the generated spin
+    traps after 2 s rather than hang).
 ``%outs = launch(%args) {kernel = @k}`` (in graphs)
     Runs kernel ``@k`` with its leading parameters bound to ``%args``; the remaining
     parameters are pure outputs allocated by the runtime. Results are the kernel's returned
@@ -78,16 +80,31 @@ def _cost_grid_reduce(op, env):
 register(OpDef("grid_reduce", __doc__, ("dst", "tile", "init?"),
                (attr("offsets", AFFINES),), _infer_grid_reduce, where=K,
                simulate=_sim_grid_reduce, verify=_verify_store, cost=_cost_grid_reduce))
+#: Clusters of each size an H200 holds at once with one CTA per SM (occupancy query,
+#: shared/ANCHORS.md); the bound for kernels with a grid barrier. The runtime also refuses
+#: such kernels on a GPU with fewer SMs (fusionc.runtime.launch).
+RESIDENT_CLUSTERS = {1: 132, 2: 66, 4: 30, 8: 15, 16: 7}
+
+
 def _verify_grid_barrier(op, graph, module):
     if graph is None:
         return
     if not any(o is op for o in graph.body):
         fail(op, "grid_barrier inside a region", "grid_barrier at the top level of the kernel")
-    from fusionc.cost.h200 import H200
+    before = []
+    for o in graph.walk():
+        if o is op:
+            break
+        before.append(o.name)
+    if "exit" in before or "grid_reduce" in before:
+        what = "exit" if "exit" in before else "grid_reduce"
+        fail(op, f"a grid_barrier after {what}",
+             "no exit before a grid barrier (the exited CTA never arrives) and no grid_reduce "
+             "(its sums are complete only at the kernel's end)")
     grid, size = graph.attr("grid"), graph.attr("cluster")
-    if grid > H200.resident_clusters.get(size, 0):
+    if grid > RESIDENT_CLUSTERS.get(size, 0):
         fail(op, f"a grid of {grid} clusters of {size} CTAs with a grid barrier",
-             f"at most {H200.resident_clusters.get(size, 0)} clusters of {size} "
+             f"at most {RESIDENT_CLUSTERS.get(size, 0)} clusters of {size} "
              "(all resident at once, one CTA per SM)")
 
 
@@ -97,5 +114,7 @@ def _cost_grid_barrier(op, env):
 
 register(OpDef("grid_barrier", __doc__, (), (), lambda op: (), where=K, collective=True,
                verify=_verify_grid_barrier, cost=_cost_grid_barrier))
+
+
 register(OpDef("launch", __doc__, ("args*",), (attr("kernel", SYMBOL),),
                lambda op: tuple(r.type for r in op.results), verify=_verify_launch))

@@ -7,7 +7,9 @@ s_t = scale · q[b, g] · cache[b, t] in fp32 (the full row: latent and RoPE par
 m = max_t s_t, l = Σ_t exp(s_t − m), o = Σ_t exp(s_t − m) · cache[b, t, :latent] (the value is
 the latent part of the same row: K and V are one stream). The token at positions[b] takes
 ``new`` ([B, W], appended in this launch). Chunks of tokens as ``attn_partial``
-(n = clamp(seq_lens[b], 0, max_seq), tile-aligned).
+(n = clamp(seq_lens[b], 0, max_seq), tile-aligned). The tensor-core code (16-bit caches)
+rounds the probabilities to the cache dtype before P·V, as FlashAttention does, while l sums
+them in fp32; the spec and the CUDA-core code keep P in fp32 (differences ~1e-3 relative).
 
 ``mla_attn_unit(%q, %cache, %seq_lens, %positions, %new) {unit, units, tile, scale, latent}
 -> (m: f32[1, G], l: f32[1, G], o: f32[1, G, latent])``
@@ -34,7 +36,7 @@ from fusionc.ir.types import DType
 
 def _rows(cta, op, name, b, lo, hi, pos, new):
     """Cache rows lo..hi of batch row b in fp32; the appended token's row from ``new`` (the
-    cache row at ``pos`` is being written by another CTA of this launch)."""
+    token appended in this launch; its cache row is not read)."""
     out = np.empty((hi - lo, new.shape[0]), np.float32)
     inside = lo <= pos < hi
     for a, z in ((lo, pos), (pos + 1, hi)) if inside else ((lo, hi),):
@@ -114,8 +116,8 @@ def _simulate_merge(op, args, cta):
     m, l, o = (np.asarray(a, np.float32) for a in args[:3])
     B = np.asarray(args[3]).shape[0]
     out = np.zeros((B,) + o.shape[1:], np.float32)
+    per = max(1, m.shape[0] // B)
     for b in range(B):
-        per = max(1, m.shape[0] // B)
         sl = slice(b * per, min((b + 1) * per, m.shape[0]))
         mm = m[sl].max(axis=0)
         with np.errstate(invalid="ignore"):
