@@ -57,6 +57,11 @@ def check_mla(op, kernel) -> None:
                            op=op.name, loc=op.loc,
                            valid=f"at most {MAX_HEADS} heads (the output accumulators live in "
                                  "registers)")
+    if 2 * 16 * (w * isz + 16) > STAGE_BUDGET:
+        raise CompileError(f"cache rows of {w} {cache.dtype} elements: two stages of 16 rows "
+                           f"need {2 * 16 * (w * isz + 16)} bytes", op=op.name, loc=op.loc,
+                           valid=f"rows of at most {(STAGE_BUDGET // 32 - 16) // isz} elements "
+                                 f"(a {STAGE_BUDGET // 1024} KB staging buffer)")
     t = kernel.attr("threads")
     if t % 32 or t < 64 or not mla_tile(op, t):
         raise CompileError(f"{t} threads per CTA", op=op.name, loc=op.loc,

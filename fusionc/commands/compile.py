@@ -64,6 +64,7 @@ def compile_main(args) -> int:
     out = make_out_dir(args.out)
     lowered_input = any(g.kind == "kernel" for g in module.graphs)
     from fusionc.runtime.compiled import pipeline_for
+    failed = False
     for g in graphs:
         stage = [0]
 
@@ -91,9 +92,23 @@ def compile_main(args) -> int:
             print(f"{spec.name}: {spec.threads} threads, {result.kernels[spec.name].registers} "
                   "registers (all_reduce over NVLink peer-to-peer)")
         if not args.no_check and not lowered_input:
-            print(simulator_check(g, lowered))
+            mb = min([k.attr("max_batch") for k in lowered.graphs if k.kind == "kernel"]
+                     or [args.max_batch])
+            line = simulator_check(g, lowered, _check_batch(g, mb))
+            print(line)
+            failed = failed or line.endswith("FAILED")
     print(f"wrote {out}/")
-    return 0
+    return 1 if failed else 0
+
+
+def _check_batch(g, max_batch: int) -> int:
+    """Rows for the simulator check: the graph's static batch (the length of its integer
+    vectors, positions and seq_lens, else the first input's leading dim), else 2 (at most
+    max_batch)."""
+    ints = [p.type.shape[0] for p in g.params if p.type.rank == 1 and not p.type.dtype.is_float]
+    first = [p.type.shape[0] for p in g.params[:1] if p.type.rank]
+    lead = (ints or first or ["B"])[0]
+    return lead if isinstance(lead, int) else max(1, min(2, max_batch))
 
 
 def make_out_dir(path: str) -> pathlib.Path:
@@ -172,7 +187,8 @@ def comm_specs(host) -> list:
 def random_inputs(g, batch: int, rng, max_len: int = 37) -> dict:
     """Fresh random inputs (float32): weights scaled by 1/sqrt(fan-in), KV rows of different
     lengths in 1..min(max_len, max_seq) (the first row the longest) with NaN past each length,
-    positions = length - 1, seq_lens = length."""
+    positions = length - 1, seq_lens = length. Caches are the rank-4 parameters
+    ``[B, S, kv_heads, D]`` and rank-3 parameters named ``*cache*`` (MLA's ``[B, S, W]``)."""
     import numpy as np
     out = {}
     for p in g.params:
@@ -183,8 +199,8 @@ def random_inputs(g, batch: int, rng, max_len: int = 37) -> dict:
                 a /= np.sqrt(shape[1])
             out[p.name] = a
     lens = None
-    for p in g.params:
-        if p.type.rank == 4:
+    for p in g.params:   # KV caches [B, S, kv_heads, D] and MLA latent caches [B, S, W]
+        if p.type.rank == 4 or (p.type.rank == 3 and "cache" in p.name):
             if lens is None:
                 top = min(max_len, p.type.shape[1])
                 lens = rng.integers(1, top + 1, batch)

@@ -114,10 +114,14 @@ def _check(st: MLAStage, size: int, group: int, max_batch: int, units: int,
             raise LoweringError(f"{what} = {n} is not divisible by the {by} {d}",
                                 op="mla_decode_attention", loc=st.ops[0].loc,
                                 valid=f"a {by} dividing {n}")
+    batch = st.x.type.shape[0]
+    if isinstance(batch, int):
+        max_batch = batch
     if max_batch > units:
-        raise LoweringError(f"max_batch {max_batch} rows over {units} CTAs (one work unit each)",
+        raise LoweringError(f"{max_batch} rows over {units} CTAs (one work unit each)",
                             op="mla_decode_attention", loc=st.ops[0].loc,
-                            valid=f"max_batch <= clusters x cluster size = {units}")
+                            valid=f"at most clusters x cluster size = {units} rows (max_batch, "
+                                  "or the graph's static batch)")
     if st.heads > 16:
         raise LoweringError(f"{st.heads} heads", op="mla_decode_attention", loc=st.ops[0].loc,
                             valid="at most 16 heads: every attention work unit computes all "

@@ -63,6 +63,12 @@ class PartitionCluster(Pass):
         if self.scheme not in ("auto", "splitk", "splitn"):
             raise LoweringError(f"scheme {self.scheme}", op=self.name,
                                 valid="auto, splitk or splitn")
+        if self.group not in (0,) + SIZES:
+            raise LoweringError(f"group = {self.group}", op=self.name,
+                                valid="0 (cost model) or 1, 2, 4, 8, 16 heads per cluster")
+        if self.grid < 0 or self.max_batch < 1:
+            raise LoweringError(f"grid = {self.grid}, max_batch = {self.max_batch}",
+                                op=self.name, valid="grid >= 0 (0: cost model), max_batch >= 1")
         items: list[Graph] = []
         for g in module.graphs:
             if g.kind != "graph":
@@ -78,6 +84,7 @@ class PartitionCluster(Pass):
         replaced: dict[int, Op | None] = {}
         kernels = []
         for i, st in enumerate(find_stages(g)):
+            _used_only_inside(g, st)
             k = self.best_kernel(st, f"{g.name}_k{i}")
             inner = {r.name: op for op in st.ops for r in op.results}
             for p in k.params:
@@ -108,13 +115,15 @@ class PartitionCluster(Pass):
                 smem = generate_cuda(k).smem_bytes  # what codegen really allocates
                 options.append((kernel_cost(k, self.batch, self.kv_len, smem=smem).est_s, k))
             except (LoweringError, VerifyError, CompileError) as e:
-                errors.append(e)
+                errors.append((_ctas(st, cfg), e))
         if not options and not errors:
             raise LoweringError("no cluster configuration divides this block's sizes",
                                 op=self.name, loc=st.ops[0].loc,
                                 valid="another cluster size, or size=0 to search")
         if not options:
-            e = errors[0]
+            # MLA: the configuration with the most CTAs explains best (it has the most work
+            # units); otherwise the first one tried
+            e = max(errors, key=lambda x: x[0])[1] if isinstance(st, MLAStage) else errors[0][1]
             raise LoweringError(f"no configuration fits: {e.message}", op=e.op or self.name,
                                 loc=st.ops[0].loc, valid=e.valid or "a smaller max_batch")
         return min(options, key=lambda t: t[0])[1]
@@ -155,6 +164,30 @@ class PartitionCluster(Pass):
             return lower_mla(st, name, size, group, self.max_batch, grid)
         grid, scheme = extra
         return lower_mlp(st, name, size, grid, self.max_batch, scheme)
+
+
+def _ctas(st, cfg) -> int:
+    """CTAs of an MLA configuration (cluster size, group, grid), else 0."""
+    if isinstance(st, MLAStage):
+        size, group, grid = cfg
+        return size * max(grid, st.heads // group)
+    return 0
+
+
+def _used_only_inside(g: Graph, st) -> None:
+    """LoweringError if a value computed inside the block (other than its output and the updated
+    caches) is used after it or returned: the block's ops leave the graph."""
+    inner = {id(op) for op in st.ops}
+    keep = {st.out.name} | {v.name for v in st.in_place.values()}
+    made = {r.name: op for op in st.ops for r in op.results if r.name not in keep}
+    outside = [v.name for op in g.body if id(op) not in inner for v in op.operands]
+    for name in outside + [v.name for v in g.outputs]:
+        if name in made:
+            op = made[name]
+            raise LoweringError(f"%{name} is computed inside the fused block and also used "
+                                "outside it", op=op.name, loc=op.loc,
+                                valid="use only the block's output and its updated caches "
+                                      "after the block")
 
 
 INT32_MAX = 2**31 - 1

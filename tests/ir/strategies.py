@@ -51,6 +51,8 @@ nonneg_floats = st.one_of(st.sampled_from(FINITE),  # eps, theta, scale must be 
                           st.integers(0, 10**6))  # make_attrs turns ints into floats
 pos_floats = st.one_of(st.sampled_from([x for x in FINITE if x > 0]),
                        st.floats(min_value=5e-324, allow_nan=False, allow_infinity=False))
+F32_MAX = 3.4028234663852886e38
+f32_pos_floats = pos_floats.filter(lambda x: x < F32_MAX)  # finite once rounded to fp32
 
 
 @dataclass
@@ -362,4 +364,4 @@ def _mla_decode_attention(c: GraphCtx) -> None:
                                     c.value(TensorType(dt, (b, h, rope))),
                                     c.value(TensorType(dt, (b, c.dim(), lat + rope))),
                                     c.value(TensorType(DType.i32, (b,)))],
-           {"scale": c.draw(pos_floats)})
+           {"scale": c.draw(f32_pos_floats)})

@@ -148,3 +148,54 @@ def test_mla_block_without_output_projection_is_explained():
 
     with pytest.raises(FusionError, match="latent cache not appended in this graph"):
         run_pipeline(fc.module(attention), "partition-cluster")
+
+
+SMALL = dict(hidden=64, heads=2, qk_nope=16, qk_rope=16, v_head=16, kv_lora=32, max_seq=8)
+
+
+@pytest.mark.parametrize("opts,msg", [("group=3", "group = 3"), ("grid=-4", "grid = -4"),
+                                      ("max_batch=0", "max_batch = 0")])
+def test_bad_partition_options_are_named(opts, msg):
+    with pytest.raises(FusionError, match=msg):
+        run_pipeline(example("deepseek_v2_lite", **SMALL), f"partition-cluster{{{opts}}}")
+
+
+def test_block_values_used_outside_the_block_are_explained():
+    m = example("deepseek_v2_lite", **SMALL)
+    g = m["attention"]
+    h = next(v for op in g.body for v in op.results if v.name == "h")
+    leaky = g.replace(outputs=g.outputs + (h,))
+    with pytest.raises(FusionError, match="%h is computed inside the fused block and also "
+                                          "used outside it"):
+        run_pipeline(type(m)((leaky,)), "partition-cluster")
+
+
+def test_work_units_must_number_every_cta_once():
+    low = run_pipeline(example("deepseek_v2_lite", **SMALL),
+                       "partition-cluster{size=2,grid=3,max_batch=4}")
+    text = print_module(low)
+    assert 'unit = "2*cluster + rank", units = 6' in text
+    for bad in ('unit = "2*cluster + rank", units = 5', 'unit = "cluster + rank", units = 6'):
+        with pytest.raises(FusionError, match="numbers every CTA once"):
+            parse_module(text.replace('unit = "2*cluster + rank", units = 6', bad))
+
+
+def test_more_rows_than_work_units_is_a_simulation_error():
+    from fusionc.errors import SimulationError
+    m = example("deepseek_v2_lite", **SMALL)
+    low = run_pipeline(m, "partition-cluster{size=1,group=2,grid=1,max_batch=1}")
+    g = m["attention"]
+    args = inputs(g, 2, [3, 2], np.random.default_rng(0))
+    with pytest.raises(SimulationError, match="batch 2 over 1 work units"):
+        simulate(low, args, graph="attention")
+
+
+def test_random_inputs_fill_latent_caches_to_different_lengths():
+    from fusionc.commands.compile import random_inputs
+    g = example("deepseek_v2_lite", **SMALL)["attention"]
+    a = random_inputs(g, 4, np.random.default_rng(1))
+    lens = a["seq_lens"]
+    assert lens[0] == 8 and len(set(lens.tolist())) > 1
+    assert np.array_equal(a["positions"], lens - 1)
+    for b, n in enumerate(lens):
+        assert np.isnan(a["cache"][b, n:]).all() and not np.isnan(a["cache"][b, :n]).any()

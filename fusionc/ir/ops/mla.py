@@ -15,8 +15,6 @@ mla_decode_attention: as above over t < seq_lens[b]; a row with seq_lens[b] = 0 
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from fusionc.ir.ops.attention import check_index, out_of_range
@@ -91,9 +89,9 @@ def _infer_attention(op):
         fail(op, f"q_rope {qr} does not match the cache {cache}",
              f"q_rope [B, heads, {rope}] and the cache's batch B")
     check_index(op, lens, "seq_lens", ql.shape[0])
-    if not 0 < op.attr("scale") < math.inf:
+    if not 0 < op.attr("scale") < float(np.finfo(np.float32).max):
         fail(op, f"scale = {op.attr('scale')}",
-             "a finite scale > 0: 1/sqrt(qk_nope + qk_rope head dims) in DeepSeek-V2")
+             "a scale > 0, finite in fp32: 1/sqrt(qk_nope + qk_rope head dims) in DeepSeek-V2")
     return (ql,)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fusionc.errors import SimulationError
 from fusionc.ir.ops.tile_attention import chunk_range
 from fusionc.ir.ops.tile_memory import K, param_of
 from fusionc.ir.registry import AFFINE, FLOAT, POS_INT, Cost, OpDef, attr, fail, register
@@ -45,6 +46,9 @@ def _rows(cta, op, name, b, lo, hi, pos, new):
     if inside:
         out[pos - lo] = new
     return out
+
+
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 def unit_row(u: int, units: int, batch: int) -> tuple[int, int, int]:
@@ -65,17 +69,39 @@ def _infer_unit(op):
     for t, what in ((lens, "seq_lens"), (pos, "positions")):
         if t.dtype != DType.i32 or t.shape != (b,):
             fail(op, f"{what} has type {t}", f"i32[{b}]")
-    if not 0 < op.attr("scale") < float("inf"):
-        fail(op, f"scale = {op.attr('scale')}", "a finite scale > 0")
+    if not 0 < op.attr("scale") < F32_MAX:
+        fail(op, f"scale = {op.attr('scale')}", "a scale > 0 that is finite in fp32")
     f32 = DType.f32
     return (q.with_shape((1, g)).with_dtype(f32), q.with_shape((1, g)).with_dtype(f32),
             q.with_shape((1, g, lat)).with_dtype(f32))
+
+
+def _verify_unit(op, graph, module):
+    """q and cache are parameters; ``unit`` numbers the CTAs of the launch 0 .. units - 1."""
+    for v in op.operands[:2]:
+        param_of(op, graph, v, "q and cache")
+    if graph is None:
+        return
+    grid, size = graph.attr("grid"), graph.attr("cluster")
+    got = sorted(op.attr("unit")(c, r) for c in range(grid) for r in range(size))
+    if op.attr("units") != grid * size or got != list(range(grid * size)):
+        fail(op, f"unit = \"{op.attr('unit')}\" with units = {op.attr('units')} on "
+             f"{grid} x {size} CTAs", f"units = {grid * size} and a unit that numbers every "
+             f"CTA once, e.g. \"{size}*cluster + rank\"")
+
+
+def _too_many_rows(op, batch: int, units: int) -> None:
+    if batch > units:
+        raise SimulationError(f"batch {batch} over {units} work units (one row at most each)",
+                              op=op.name, loc=op.loc,
+                              valid=f"a batch <= {units} (the kernel's max_batch)")
 
 
 def _simulate_unit(op, args, cta):
     _, _, lens, pos, new = (np.asarray(a) for a in args)
     name_q, name_c, lat = op.operands[0].name, op.operands[1].name, op.attr("latent")
     B = lens.shape[0]
+    _too_many_rows(op, B, op.attr("units"))
     b, part, per = unit_row(op.attr("unit")(cta.cluster, cta.rank), op.attr("units"), B)
     G = op.operands[0].type.shape[1]
     m, l = np.full((1, G), -np.inf, np.float32), np.zeros((1, G), np.float32)
@@ -116,6 +142,9 @@ def _simulate_merge(op, args, cta):
     m, l, o = (np.asarray(a, np.float32) for a in args[:3])
     B = np.asarray(args[3]).shape[0]
     out = np.zeros((B,) + o.shape[1:], np.float32)
+    if B == 0:
+        return (out,)
+    _too_many_rows(op, B, m.shape[0])
     per = max(1, m.shape[0] // B)
     for b in range(B):
         sl = slice(b * per, min((b + 1) * per, m.shape[0]))
@@ -134,8 +163,6 @@ register(OpDef(
     (attr("unit", AFFINE), attr("units", POS_INT),
      attr("tile", POS_INT, 16, doc="tokens per cache tile; chunks are tile-aligned"),
      attr("scale", FLOAT), attr("latent", POS_INT, doc="value width: the latent part of a row")),
-    _infer_unit, where=K, simulate=_simulate_unit,
-    verify=lambda op, g, m: [param_of(op, g, v, "q and cache") for v in op.operands[:2]],
-    cost=_cost_unit))
+    _infer_unit, where=K, simulate=_simulate_unit, verify=_verify_unit, cost=_cost_unit))
 register(OpDef("attn_merge", __doc__, ("m", "l", "o", "seq_lens"), (), _infer_merge, where=K,
                simulate=_simulate_merge))
