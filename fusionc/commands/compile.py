@@ -94,7 +94,13 @@ def compile_main(args) -> int:
         if not args.no_check and not lowered_input:
             mb = min([k.attr("max_batch") for k in lowered.graphs if k.kind == "kernel"]
                      or [args.max_batch])
-            line = simulator_check(g, lowered, _check_batch(g, mb))
+            try:
+                line = simulator_check(g, lowered, _check_batch(g, mb))
+            except MemoryError:
+                from fusionc.errors import InputError
+                raise InputError(f"the simulator check of @{g.name} does not fit in memory "
+                                 "(random inputs at these sizes)",
+                                 valid="smaller sizes (-D), or --no-check") from None
             print(line)
             failed = failed or line.endswith("FAILED")
     print(f"wrote {out}/")

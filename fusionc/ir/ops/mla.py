@@ -61,6 +61,8 @@ def _cache_parts(op, cache, latent):
 def _infer_append(op):
     cache, c, kr, pos = (v.type for v in op.operands)
     same_dtype(op, cache, c, kr)
+    if c.rank != 2 or kr.rank != 2:
+        fail(op, f"c {c} and k_rope {kr}", "c [B, latent] and k_rope [B, rope], one row each")
     lat, rope = _cache_parts(op, cache, c.shape[-1] if c.rank == 2 else None)
     b = cache.shape[0]
     if c.shape != (b, lat) or kr.shape != (b, rope):
