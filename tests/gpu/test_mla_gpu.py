@@ -1,6 +1,7 @@
 """DeepSeek-V2-Lite MLA block (examples/deepseek_v2_lite.py, real sizes) compiled by
 fusionc.compile and run on the GPU against the float64 reference written from the paper's
-non-absorbed equations (tests/reference/mla.py): random weights and caches (NaN past every row's
+non-absorbed equations (tests/reference/mla.py), and against transformers' DeepseekV2Attention
+where installed (tests/reference/hf_mla.py): random weights and caches (NaN past every row's
 length), rows of different lengths, the output allocated and checked for NaN, the appended
 cache row checked and every other cache row left untouched."""
 from __future__ import annotations
@@ -37,7 +38,7 @@ def compiled(batch, max_seq, cluster, dtype):
 
 
 def precompile():
-    for case in CASES:
+    for case in CASES + [(3, 128, 0, "bf16")]:   # the last: the transformers comparison
         compiled(*case)
 
 
@@ -94,3 +95,22 @@ def test_mla_block_matches_the_paper_equations(batch, kv, cluster, dtype):
     assert max(errs) <= TOL[dtype] and max(row_errs) <= TOL[dtype], (errs, row_errs)
     record("mla", f"DeepSeek-V2-Lite {dtype} B={batch} KV={kv} C={cluster or 'auto'}",
            f"out {max(errs):.1e}, cache row {max(row_errs):.1e}; {fn.report().splitlines()[0]}")
+
+
+@pytest.mark.gpu
+def test_mla_block_matches_transformers():
+    """The fused kernel at DeepSeek-V2-Lite's sizes against HF's DeepseekV2Attention (float64,
+    whole sequences with a causal mask; tests/reference/hf_mla.py)."""
+    pytest.importorskip("transformers.models.deepseek_v2")
+    from fusionc.runtime.transfer import download, upload
+    from tests.reference.hf_mla import mla_case
+    lens, max_seq = [100, 37, 1], 128
+    inputs, ref = mla_case(hidden=2048, heads=16, nope=128, rope=64, v_head=128, latent=512,
+                           lens=lens, max_seq=max_seq)
+    fn = compiled(len(lens), max_seq, 0, "bf16")
+    g = build(max_seq, "bf16")["attention"]
+    dev = {p.name: upload(inputs[p.name], p.type.dtype) for p in g.params}
+    out = download(fn(**dev)[0], g.outputs[0].type.dtype).astype(np.float64)
+    err = rel(out, ref)
+    assert np.all(np.isfinite(out)) and err <= 1e-2, err
+    record("mla", "DeepSeek-V2-Lite bf16 vs transformers DeepseekV2Attention", f"{err:.1e}")

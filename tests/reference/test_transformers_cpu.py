@@ -39,3 +39,23 @@ def test_mlp_block_matches_transformers():
     assert rel_err(interpret(g, inputs)[0], ref) <= 1e-2
     low = run_pipeline(Module((g,)), "partition-cluster{size=2},fuse")
     assert rel_err(simulate(low, inputs, graph="mlp")[0], ref) <= 1e-2
+
+
+MLA = dict(hidden=128, heads=4, nope=32, rope=16, v_head=32, latent=64)
+
+
+@pytest.mark.parametrize("dtype,tol", [("f32", 1e-5), ("bf16", 1e-2)])
+def test_mla_block_matches_transformers(dtype, tol):
+    """examples/deepseek_v2_lite.py (weight-absorbed decode) against HF's DeepseekV2Attention
+    (non-absorbed, whole sequence): the interpreter and the lowered kernel in the simulator."""
+    pytest.importorskip("transformers.models.deepseek_v2")
+    from tests.reference.hf_mla import mla_case
+    lens, max_seq = [9, 1, 30], 32
+    m = example("deepseek_v2_lite", hidden=MLA["hidden"], heads=MLA["heads"],
+                qk_nope=MLA["nope"], qk_rope=MLA["rope"], v_head=MLA["v_head"],
+                kv_lora=MLA["latent"], max_seq=max_seq, dtype=dtype)
+    inputs, ref = mla_case(**MLA, lens=lens, max_seq=max_seq, dtype=dtype)
+    g = m["attention"]
+    assert rel_err(interpret(g, inputs, precise=dtype == "f32")[0], ref) <= tol
+    low = run_pipeline(Module((g,)), "partition-cluster{size=4,max_batch=4},fuse")
+    assert rel_err(simulate(low, inputs, graph="attention")[0], ref) <= max(tol, 1e-4)
