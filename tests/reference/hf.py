@@ -53,8 +53,8 @@ def _round_params(mods, dtype: DType, rng) -> None:
     """Random weights (scaled by 1/sqrt(fan-in); norms near 1), rounded to the model dtype."""
     import torch
 
-    for name in ("attn", "mlp", "norm"):
-        for pname, p in mods[name].named_parameters():
+    for mod in mods.values():   # the rotary embedding has no parameters
+        for _, p in mod.named_parameters():
             a = rng.standard_normal(tuple(p.shape))
             a = 1 + 0.2 * a if p.ndim == 1 else a / np.sqrt(p.shape[1])
             with torch.no_grad():

@@ -14,6 +14,7 @@ import numpy as np
 
 from fusionc.interp.numerics import round_to
 from fusionc.ir.types import DType
+from tests.reference.hf import _np, _round_params
 
 
 def _modules(hidden, heads, nope, rope, v_head, latent, theta, eps):
@@ -29,21 +30,6 @@ def _modules(hidden, heads, nope, rope, v_head, latent, theta, eps):
     mods = dict(attn=m.DeepseekV2Attention(cfg, layer_idx=0),
                 norm=m.DeepseekV2RMSNorm(hidden, eps=eps), rot=m.DeepseekV2RotaryEmbedding(cfg))
     return {k: v.double() for k, v in mods.items()}, m.apply_rotary_emb
-
-
-def _round_params(mods, dtype: DType, rng) -> None:
-    import torch
-
-    for name in ("attn", "norm"):
-        for _, p in mods[name].named_parameters():
-            a = rng.standard_normal(tuple(p.shape))
-            a = 1 + 0.2 * a if p.ndim == 1 else a / np.sqrt(p.shape[1])
-            with torch.no_grad():
-                p.copy_(torch.from_numpy(np.asarray(round_to(a, dtype), np.float64)))
-
-
-def _np(t):
-    return t.detach().numpy().astype(np.float64)
 
 
 def mla_case(*, hidden, heads, nope, rope, v_head, latent, lens, max_seq, dtype="bf16",
