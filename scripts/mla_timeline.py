@@ -3,7 +3,7 @@
 and at exit), launch it a few times, then print the last launch per event: first and last CTA,
 in µs from the first CTA's entry.
 
-    python3 scripts/mla_timeline.py --batch 1 --kv 4096
+    python3 scripts/mla_timeline.py --batch 1 --kv 4096 [--load-batch 4]
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
 
 
-def run(batch: int, kv: int, launches: int = 5) -> None:
+def run(batch: int, kv: int, load_batch: int = 1, launches: int = 5) -> None:
     """Launch the timeline build ``launches`` times; print the last launch's phases."""
     import cupy
     import numpy as np
@@ -26,7 +26,8 @@ def run(batch: int, kv: int, launches: int = 5) -> None:
     from fusionc.commands.compile import random_inputs
     from fusionc.runtime.transfer import upload
     m = deepseek_v2_lite.build(max_seq=kv)
-    fn = fc.compile(m, max_batch=batch, kv_len=kv, codegen=CodegenOptions(timeline=True))
+    fn = fc.compile(m, max_batch=batch, kv_len=kv,
+                    codegen=CodegenOptions(timeline=True, load_batch=load_batch))
     g = m["attention"]
     ins = random_inputs(g, batch, np.random.default_rng(0))
     ins["seq_lens"] = np.full(batch, kv, np.int32)
@@ -62,5 +63,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--kv", type=int, default=4096)
+    ap.add_argument("--load-batch", type=int, default=1,
+                    help="CodegenOptions.load_batch: 16-byte tile loads in flight per thread")
     a = ap.parse_args()
-    run(a.batch, a.kv)
+    run(a.batch, a.kv, a.load_batch)

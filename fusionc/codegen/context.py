@@ -24,6 +24,10 @@ class CodegenOptions:
             stream drains, prefetches its first weight rows into L2 and waits for the
             predecessor before anything else (``fusionc.codegen.pdl``); launched with the
             programmatic-stream-serialization attribute.
+        load_batch: 16-byte global loads each thread issues before storing them, in the tile
+            ``load`` (1: one per iteration; each iteration's load then waits for the previous
+            iteration's shared-memory store). Larger values keep more loads in flight; not
+            yet measured on the GPU, hence off by default.
         timeline: profiling build: thread 0 of every CTA stores ``%globaltimer`` (ns) at entry
             (slot 0), at each grid_barrier k's arrival and release (slots 2k + 1, 2k + 2) and at
             exit (slot 15) into the last ``CTAs x 16`` 64-bit words of the kernel's counters
@@ -34,6 +38,7 @@ class CodegenOptions:
     gemv_unroll: int = 0
     pdl: bool = False
     timeline: bool = False
+    load_batch: int = 1
 
 
 @dataclass

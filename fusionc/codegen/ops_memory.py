@@ -49,7 +49,7 @@ def emit_load(op, ctx) -> str:
     """CUDA of load: a global tile copied into shared memory (masked elements read 0)."""
     g, t = ctx.ref(op.operands[0]), ctx.ref(op.result)
     kw = tile_copy_vars(ctx, op, g, t, t.dtype)
-    return ctx.render("ops/load.cu.j2", src=g.ptr, dst=t.ptr, **kw)
+    return ctx.render("ops/load.cu.j2", src=g.ptr, dst=t.ptr, U=ctx.options.load_batch, **kw)
 
 
 @emitter("store", writes_operands=(0,))

@@ -121,3 +121,14 @@ def test_pdl_prologue_compiles_and_is_off_by_default():
     pre, wait, launch = (src.index(s) for s in ("prefetch.global.L2", "griddepcontrol.wait",
                                                  "griddepcontrol.launch_dependents"))
     assert pre < wait < src.index("fc_smem +") < launch and ck.source.pdl
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_batched_tile_loads_compile(batch):
+    """CodegenOptions(load_batch=4) issues four 16-byte loads before storing them (default: one
+    per iteration); both compile without spills and differ only in the load loops."""
+    from tests.codegen.examples import fitting_kernel
+    k, _ = fitting_kernel("llama2_7b", "attention_k0", batch)
+    one, four = compile_kernel(k), compile_kernel(k, CodegenOptions(load_batch=4))
+    assert four.spills == 0 and "// 4 loads in flight" in four.source.source
+    assert "// 4 loads in flight" not in one.source.source
