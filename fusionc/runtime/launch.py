@@ -56,7 +56,7 @@ def ensure_device() -> None:
 
 def _check_resident(src) -> None:
     """A kernel with a grid barrier needs its whole grid resident at once: the compiler sized it
-    for an H200's 132 SMs (fusionc.ir.ops.tile_grid.RESIDENT_CLUSTERS); refuse a GPU with fewer
+    for an H200's 132 SMs (fusionc.cost.h200.H200.resident_clusters); refuse a GPU with fewer
     SMs (an H100 PCIe, a MIG slice) instead of trapping in the barrier. Other kernels sharing
     the GPU at the same time (MPS, concurrent streams) can still keep CTAs out: the barrier's
     bounded spin then traps after 2 s rather than hang."""

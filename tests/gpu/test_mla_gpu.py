@@ -6,7 +6,6 @@ length), rows of different lengths, the output allocated and checked for NaN, th
 cache row checked and every other cache row left untouched."""
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -43,29 +42,15 @@ def precompile():
 
 
 def inputs(g, batch, kv, rng):
+    """tests.passes.graphs.inputs (NaN past every row's length) with rows of different lengths
+    (the first full, an empty one from batch 4), rounded to the model dtype."""
     from fusionc.interp.numerics import round_to
-    out = {}
+    from tests.passes.graphs import inputs as graph_inputs
     lens = [kv] + [int(n) for n in rng.integers(1, kv + 1, batch - 1)]
     if batch >= 4:
         lens[1] = 0   # an empty row: zeros from the attention, never NaN
-    for p in g.params:
-        shape = tuple(batch if isinstance(d, str) else d for d in p.type.shape)
-        if p.name == "seq_lens":
-            out[p.name] = np.array(lens, np.int32)
-        elif p.name == "positions":
-            out[p.name] = np.maximum(np.array(lens) - 1, 0).astype(np.int32)
-        elif p.name == "cache":
-            c = rng.standard_normal(shape)
-            for b, n in enumerate(lens):
-                c[b, max(n - 1, 0):] = np.nan   # the new token's row and past it
-            out[p.name] = c
-        elif "norm" in p.name:
-            out[p.name] = 1 + 0.1 * rng.standard_normal(shape)
-        elif p.name.startswith("w"):
-            out[p.name] = rng.standard_normal(shape) / math.sqrt(shape[-1])
-        else:
-            out[p.name] = rng.standard_normal(shape)
     dt = g.params[0].type.dtype
+    out = graph_inputs(g, batch, lens, rng)
     return {k: (round_to(v, dt).astype(np.float64) if v.dtype != np.int32 else v)
             for k, v in out.items()}, lens
 

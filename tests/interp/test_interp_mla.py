@@ -12,35 +12,21 @@ import fusionc as fc
 from fusionc.dsl.loader import load_file
 from fusionc.interp.numerics import relative_error, round_to
 from fusionc.ir.types import DType
+from tests.reference.mla import rms_norm, rope_interleaved
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "deepseek_v2_lite.py"
 S = dict(hidden=64, heads=4, qk_nope=16, qk_rope=8, v_head=12, kv_lora=32, max_seq=10,
          eps=1e-6, theta=10000.0)
 
 
-def rms(x, w, eps):
-    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
-
-
-def rope_gptj(x, pos, theta):
-    """Interleaved pairs (x[2i], x[2i+1]) rotated by pos·θ_i, θ_i = theta^(−2i/d)."""
-    d = x.shape[-1]
-    ang = pos * theta ** (-np.arange(0, d, 2) / d)
-    c, s = np.cos(ang), np.sin(ang)
-    out = x.copy()
-    out[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * s
-    out[..., 1::2] = x[..., 1::2] * c + x[..., 0::2] * s
-    return out
-
-
 def reference_step(w, xs, t):
     """Output of decode step t (token t attends over tokens 0..t), non-absorbed MLA."""
     H, dn, dr, L = S["heads"], S["qk_nope"], S["qk_rope"], S["kv_lora"]
-    hs = [rms(x, w["attn_norm"], S["eps"]) for x in xs[: t + 1]]
-    cs = [rms(h @ w["w_kv_a"][:L].T, w["kv_norm"], S["eps"]) for h in hs]       # c_KV,s
-    krs = [rope_gptj(h @ w["w_kv_a"][L:].T, s, S["theta"]) for s, h in enumerate(hs)]
+    hs = [rms_norm(x, w["attn_norm"], S["eps"]) for x in xs[: t + 1]]
+    cs = [rms_norm(h @ w["w_kv_a"][:L].T, w["kv_norm"], S["eps"]) for h in hs]       # c_KV,s
+    krs = [rope_interleaved(h @ w["w_kv_a"][L:].T, s, S["theta"]) for s, h in enumerate(hs)]
     q = (hs[t] @ w["w_q"].T).reshape(H, dn + dr)
-    q_nope, q_rope = q[:, :dn], rope_gptj(q[:, dn:], t, S["theta"])
+    q_nope, q_rope = q[:, :dn], rope_interleaved(q[:, dn:], t, S["theta"])
     o = []
     for h in range(H):
         w_uk, w_uv = w["w_uk_t"][h].T, w["w_uv"][h]                 # [dn, L], [dv, L]

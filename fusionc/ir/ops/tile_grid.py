@@ -80,12 +80,6 @@ def _cost_grid_reduce(op, env):
 register(OpDef("grid_reduce", __doc__, ("dst", "tile", "init?"),
                (attr("offsets", AFFINES),), _infer_grid_reduce, where=K,
                simulate=_sim_grid_reduce, verify=_verify_store, cost=_cost_grid_reduce))
-#: Clusters of each size an H200 holds at once with one CTA per SM (occupancy query,
-#: shared/ANCHORS.md); the bound for kernels with a grid barrier. The runtime also refuses
-#: such kernels on a GPU with fewer SMs (fusionc.runtime.launch).
-RESIDENT_CLUSTERS = {1: 132, 2: 66, 4: 30, 8: 15, 16: 7}
-
-
 def _verify_grid_barrier(op, graph, module):
     if graph is None:
         return
@@ -101,11 +95,12 @@ def _verify_grid_barrier(op, graph, module):
         fail(op, f"a grid_barrier after {what}",
              "no exit before a grid barrier (the exited CTA never arrives) and no grid_reduce "
              "(its sums are complete only at the kernel's end)")
+    from fusionc.cost.h200 import H200   # clusters resident at once, measured (ANCHORS.md)
     grid, size = graph.attr("grid"), graph.attr("cluster")
-    if grid > RESIDENT_CLUSTERS.get(size, 0):
+    resident = H200.resident_clusters.get(size, 0)
+    if grid > resident:
         fail(op, f"a grid of {grid} clusters of {size} CTAs with a grid barrier",
-             f"at most {RESIDENT_CLUSTERS.get(size, 0)} clusters of {size} "
-             "(all resident at once, one CTA per SM)")
+             f"at most {resident} clusters of {size} (all resident at once, one CTA per SM)")
 
 
 def _cost_grid_barrier(op, env):
