@@ -46,7 +46,7 @@ def floor_bytes(m, batch, kv, itemsize=2):
     return (weights + cache + act) * itemsize
 
 
-def run_point(name, m, batch, kv, bw, fusionc_fn):
+def run_point(name, m, batch, kv, bw, fusionc_fn, alt=None):
     nbytes = floor_bytes(m, batch, kv)
     sets = [make_set(m, batch, kv) for _ in range(common.sets_needed(nbytes))]
     kw = dict(heads=m["heads"], kv_heads=m["kv_heads"], head_dim=m["head_dim"], eps=1e-5,
@@ -57,10 +57,10 @@ def run_point(name, m, batch, kv, bw, fusionc_fn):
     compiled = None if NO_COMPILE else torch.compile(eager, mode="max-autotune-no-cudagraphs",
                                                      dynamic=False)
     row = dict(model=name, batch=batch, kv=kv, floor_us=nbytes / bw * 1e6)
-    return common.measure(row, sets, eager, compiled, fusionc_fn)
+    return common.measure(row, sets, eager, compiled, fusionc_fn, alt)
 
 
-def fusionc_attention(m, batch, kv):
+def fusionc_attention(m, batch, kv, codegen=None):
     """fusionc.compile of the example's attention graph, or None when unavailable."""
     try:
         import fusionc
@@ -72,7 +72,7 @@ def fusionc_attention(m, batch, kv):
                                     kv_heads=m["kv_heads"], head_dim=m["head_dim"],
                                     max_seq=kv, eps=1e-5, theta=10000.0, dtype="f16")
     try:
-        return fusionc.compile(mod, max_batch=batch, kv_len=kv, autotune=TUNE)
+        return fusionc.compile(mod, max_batch=batch, kv_len=kv, autotune=TUNE, codegen=codegen)
     except fusionc.errors.FusionError as e:  # reported in the table
         print("fusionc cannot compile this point:", e)
         return None
@@ -82,16 +82,18 @@ NO_COMPILE = False
 TUNE = False
 
 
-def points(quick: bool):
-    if quick:
-        return [("Llama-2-7B", 1, 4096), ("Llama-3-8B", 1, 4096)]
-    return [(n, b, kv) for n in MODELS for b in (1, 4, 16) for kv in (1024, 4096, 16384)]
+def points(args):
+    if args.quick:
+        return [("Llama-2-7B", b, 4096) for b in args.batch or (1,)] + [
+            ("Llama-3-8B", b, 4096) for b in args.batch or (1,)]
+    return [(n, b, kv) for n in MODELS for b in args.batch or (1, 4, 16)
+            for kv in (1024, 4096, 16384)]
 
 
 def compile_candidates_only(args):
     from fusionc.tune.search import compile_candidates
     import llama2_7b
-    for name, b, kv in points(args.quick):
+    for name, b, kv in points(args):
         m = MODELS[name]
         mod = llama2_7b.attention_block(hidden=m["hidden"], heads=m["heads"],
                                         kv_heads=m["kv_heads"], head_dim=m["head_dim"],
@@ -100,9 +102,10 @@ def compile_candidates_only(args):
 
 
 def compile_only(args):
-    for name, b, kv in points(args.quick):
-        fn = fusionc_attention(MODELS[name], b, kv)
-        print(name, b, kv, fn.report().replace("\n", "; ") if fn else "-")
+    for name, b, kv in points(args):
+        for opts in (args.codegen, args.alt) if args.alt else (args.codegen,):
+            fn = fusionc_attention(MODELS[name], b, kv, opts)
+            print(name, b, kv, fn.report().replace("\n", "; ") if fn else "-")
 
 
 def main():
@@ -116,12 +119,15 @@ def main():
     bw = common.copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}")
     rows = []
-    for name, b, kv in points(args.quick):
-        fn = None if args.no_fusionc else fusionc_attention(MODELS[name], b, kv)
-        rows.append(run_point(name, MODELS[name], b, kv, bw, fn))
+    for name, b, kv in points(args):
+        fn = None if args.no_fusionc else fusionc_attention(MODELS[name], b, kv, args.codegen)
+        alt = None if args.no_fusionc or not args.alt else fusionc_attention(
+            MODELS[name], b, kv, args.alt)
+        rows.append(run_point(name, MODELS[name], b, kv, bw, fn, alt))
         print(rows[-1], flush=True)
     print(common.table(rows, ["model", "batch", "kv", "fusionc_us", "eager_us", "compile_us",
-                              "floor_us", "eff_%", "vs_compile", "vs_eager", "err"]))
+                              "floor_us", "eff_%", "vs_compile", "vs_eager", "err"]
+                       + (["alt_us", "alt_err"] if args.alt else [])))
 
 
 if __name__ == "__main__":

@@ -83,10 +83,12 @@ def table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
-def measure(row: dict, sets: list[dict], eager, compiled, fusionc_fn) -> dict:
+def measure(row: dict, sets: list[dict], eager, compiled, fusionc_fn, alt_fn=None) -> dict:
     """Fill ``row`` with the times of every variant on the same buffer sets (µs), fusionc's
     error against eager on a copy of the first set, its efficiency against ``row["floor_us"]``
-    and its speed-up over the baselines. ``compiled``/``fusionc_fn`` may be None (skipped)."""
+    and its speed-up over the baselines. ``compiled``/``fusionc_fn`` may be None (skipped);
+    ``alt_fn`` (fusionc built with other codegen options, ``--alt``) adds ``alt_us`` and
+    ``alt_err``."""
     row["eager_us"] = time_graph([lambda s=s: eager(s) for s in sets]) * 1e6
     if compiled is not None:
         row["compile_us"] = time_graph([lambda s=s: compiled(s) for s in sets]) * 1e6
@@ -97,6 +99,10 @@ def measure(row: dict, sets: list[dict], eager, compiled, fusionc_fn) -> dict:
     row["err"] = f"{rel_err(got, ref):.1e}"
     row["fusionc_us"] = time_graph([lambda s=s: fusionc_fn(**s) for s in sets]) * 1e6
     row["eff_%"] = 100 * row["floor_us"] / row["fusionc_us"]
+    if alt_fn is not None:
+        got = alt_fn(**{k: v.clone() for k, v in sets[0].items()})[0]
+        row["alt_err"] = f"{rel_err(got, ref):.1e}"
+        row["alt_us"] = time_graph([lambda s=s: alt_fn(**s) for s in sets]) * 1e6
     for base in ("compile", "eager"):
         if f"{base}_us" in row:
             row[f"vs_{base}"] = f"{row[f'{base}_us'] / row['fusionc_us']:.2f}x"
@@ -118,4 +124,21 @@ def parse_args(doc: str, extra=None):
                     help="autotune fusionc's choices on the GPU first (stored, reused later); "
                          "with --compile-only, compile every candidate")
     ap.add_argument("--no-fusionc", action="store_true", help="baselines only")
+    ap.add_argument("--batch", type=lambda t: tuple(int(b) for b in t.split(",")),
+                    help="only these batch sizes (comma-separated)")
+    ap.add_argument("--codegen", type=codegen_options, default=None, metavar="K=V,...",
+                    help="fusionc's CodegenOptions, e.g. gemv_mma_batch=0,load_batch=4")
+    ap.add_argument("--alt", type=codegen_options, default=None, metavar="K=V,...",
+                    help="also time fusionc built with these CodegenOptions (column alt_us)")
     return ap.parse_args()
+
+
+def codegen_options(spec: str):
+    """``CodegenOptions`` from ``"name=int,name=int"`` (argparse type)."""
+    import argparse
+    from fusionc.codegen import CodegenOptions
+    try:
+        kw = {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
+        return CodegenOptions(**kw)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"{spec!r}: {e}") from None

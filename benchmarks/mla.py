@@ -48,21 +48,21 @@ def floor_bytes(batch, kv, itemsize=2):
     return (weights + cache + act) * itemsize
 
 
-def fusionc_mla(batch, kv, pipeline=None):
+def fusionc_mla(batch, kv, pipeline=None, codegen=None):
     """fusionc.compile of the example's graph (cost model's choice, or ``pipeline``)."""
     import deepseek_v2_lite
 
     import fusionc
     try:
         return fusionc.compile(deepseek_v2_lite.build(max_seq=kv), max_batch=batch, kv_len=kv,
-                               pipeline=pipeline)
+                               pipeline=pipeline, codegen=codegen)
     except fusionc.errors.FusionError as e:
         print("fusionc cannot compile this point:", e)
         return None
 
 
 def _compile_job(job):
-    fn = fusionc_mla(*job)
+    fn = fusionc_mla(*job[:3], codegen=job[3])
     return fn.report().split(",")[0] if fn is not None else "-"
 
 
@@ -74,11 +74,13 @@ def sweep_pipelines(batch, kv):
             for n in (H200.resident_clusters[c],) if n >= 16 // g}
 
 
-def points(quick: bool):
-    return [(1, 4096)] if quick else [(b, kv) for b in (1, 16) for kv in (1024, 4096, 16384)]
+def points(args):
+    if args.quick:
+        return [(b, 4096) for b in args.batch or (1,)]
+    return [(b, kv) for b in args.batch or (1, 16) for kv in (1024, 4096, 16384)]
 
 
-def run_point(batch, kv, bw, sweep, no_compile):
+def run_point(batch, kv, bw, sweep, no_compile, codegen=None, alt=None):
     nbytes = floor_bytes(batch, kv)
     sets = [make_set(batch, kv) for _ in range(common.sets_needed(nbytes))]
     kw = dict(heads=M["heads"], nope=M["nope"], rope=M["rope"], latent=M["latent"], eps=1e-6,
@@ -88,10 +90,11 @@ def run_point(batch, kv, bw, sweep, no_compile):
         s["w_o"], s["cache"], s["positions"], kv, **kw)
     compiled = None if no_compile else torch.compile(eager, mode="max-autotune-no-cudagraphs",
                                                      dynamic=False)
-    fn = fusionc_mla(batch, kv)
+    fn = fusionc_mla(batch, kv, codegen=codegen)
+    alt_fn = fusionc_mla(batch, kv, codegen=alt) if alt else None
     row = dict(batch=batch, kv=kv, floor_us=nbytes / bw * 1e6,
                config=fn.report().split(":")[1].split(",")[0].strip() if fn else "-")
-    row = common.measure(row, sets, eager, compiled, fn)
+    row = common.measure(row, sets, eager, compiled, fn, alt_fn)
     if sweep:
         best = (row.get("fusionc_us", math.inf), "default")
         for name, pipe in sweep_pipelines(batch, kv).items():
@@ -109,21 +112,23 @@ def main():
         "--sweep", action="store_true", help="time every (cluster size, heads per cluster)"))
     if args.compile_only:   # fill the cubin cache (no GPU needed), several processes
         import concurrent.futures
-        jobs = [(b, kv, p) for b, kv in points(args.quick)
+        jobs = [(b, kv, p, args.codegen) for b, kv in points(args)
                 for p in [None] + (list(sweep_pipelines(b, kv).values()) if args.sweep else [])]
+        jobs += [(b, kv, None, args.alt) for b, kv in points(args) if args.alt]
         with concurrent.futures.ProcessPoolExecutor() as pool:
-            for (b, kv, p), fn in zip(jobs, pool.map(_compile_job, jobs)):
+            for (b, kv, p, _), fn in zip(jobs, pool.map(_compile_job, jobs)):
                 print(b, kv, p or "default", fn, flush=True)
         return
     bw = common.copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}")
     rows = []
-    for b, kv in points(args.quick):
-        rows.append(run_point(b, kv, bw, args.sweep, args.no_torch_compile))
+    for b, kv in points(args):
+        rows.append(run_point(b, kv, bw, args.sweep, args.no_torch_compile, args.codegen,
+                              args.alt))
         print(rows[-1], flush=True)
     print(common.table(rows, ["batch", "kv", "fusionc_us", "config", "eager_us", "compile_us",
                               "floor_us", "eff_%", "vs_compile", "vs_eager", "best_us", "best",
-                              "err"]))
+                              "err"] + (["alt_us", "alt_err"] if args.alt else [])))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def floor_bytes(m, batch, itemsize=2):
     return (3 * m["hidden"] * m["intermediate"] + 2 * batch * m["hidden"]) * itemsize
 
 
-def fusionc_mlp(m, batch):
+def fusionc_mlp(m, batch, codegen=None):
     try:
         import fusionc
         import llama2_7b
@@ -43,13 +43,13 @@ def fusionc_mlp(m, batch):
     mod = llama2_7b.mlp_block(hidden=m["hidden"], intermediate=m["intermediate"], eps=1e-5,
                               dtype="f16")
     try:
-        return fusionc.compile(mod, max_batch=batch, autotune=TUNE)
+        return fusionc.compile(mod, max_batch=batch, autotune=TUNE, codegen=codegen)
     except fusionc.errors.FusionError as e:  # reported in the table
         print("fusionc cannot compile this point:", e)
         return None
 
 
-def run_point(name, m, batch, bw, fn):
+def run_point(name, m, batch, bw, fn, alt=None):
     nbytes = floor_bytes(m, batch)
     sets = [make_set(m, batch) for _ in range(common.sets_needed(nbytes))]
     eager = lambda s: torch_blocks.mlp_block(s["x"], s["mlp_norm"], s["w_gate_up"],  # noqa
@@ -57,7 +57,7 @@ def run_point(name, m, batch, bw, fn):
     compiled = None if NO_COMPILE else torch.compile(eager, mode="max-autotune-no-cudagraphs",
                                                      dynamic=False)
     row = dict(model=name, batch=batch, floor_us=nbytes / bw * 1e6)
-    return common.measure(row, sets, eager, compiled, fn)
+    return common.measure(row, sets, eager, compiled, fn, alt)
 
 
 NO_COMPILE = False
@@ -75,11 +75,16 @@ def compile_candidates_only(args):
             print(name, b, len(compile_candidates(mod.graphs[0], b, 4096)), "candidates")
 
 
+def batches(args):
+    return args.batch or ((1,) if args.quick else (1, 4, 16))
+
+
 def compile_only(args):
     for name in MODELS:
-        for b in (1,) if args.quick else (1, 4, 16):
-            fn = fusionc_mlp(MODELS[name], b)
-            print(name, b, fn.report() if fn else "-")
+        for b in batches(args):
+            for opts in (args.codegen, args.alt) if args.alt else (args.codegen,):
+                fn = fusionc_mlp(MODELS[name], b, opts)
+                print(name, b, fn.report() if fn else "-")
 
 
 def main():
@@ -92,15 +97,17 @@ def main():
         return compile_only(args)
     bw = common.copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}")
-    batches = (1,) if args.quick else (1, 4, 16)
     rows = []
     for name in MODELS:
-        for b in batches:
-            fn = None if args.no_fusionc else fusionc_mlp(MODELS[name], b)
-            rows.append(run_point(name, MODELS[name], b, bw, fn))
+        for b in batches(args):
+            fn = None if args.no_fusionc else fusionc_mlp(MODELS[name], b, args.codegen)
+            alt = None if args.no_fusionc or not args.alt else fusionc_mlp(MODELS[name], b,
+                                                                           args.alt)
+            rows.append(run_point(name, MODELS[name], b, bw, fn, alt))
             print(rows[-1], flush=True)
     print(common.table(rows, ["model", "batch", "fusionc_us", "eager_us", "compile_us",
-                              "floor_us", "eff_%", "vs_compile", "vs_eager", "err"]))
+                              "floor_us", "eff_%", "vs_compile", "vs_eager", "err"]
+                       + (["alt_us", "alt_err"] if args.alt else [])))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,18 @@ def emit_body(ctx: EmitCtx) -> str:
             stage += 1
             lines += ["", INDENT + f"// ===== stage {stage}: {_stage_name(ops[k:])} ====="]
         lines += _emit_op(op, ctx, tracker, 1)
+        lines += _stamp_after(op, ctx)
     return "\n".join(lines)
+
+
+def _stamp_after(op, ctx: EmitCtx) -> list[str]:
+    """A timeline build's time stamp after a top-level op that runs code."""
+    if not ctx.options.timeline or op.name in ("smem_alloc", "exit", "grid_barrier") or (
+            op.name not in ("when", "barrier", "cluster_barrier") and emitters.get(op).view):
+        return []
+    res = ", ".join(f"%{r.name}" for r in op.results)
+    label = f"op {ctx.index(op)}: " + (f"{res} = " if res else "") + op.name
+    return [INDENT + "__syncthreads();  // timeline build", INDENT + ctx.stamp(label)]
 
 
 def _stage_name(ops) -> str:

@@ -20,6 +20,25 @@ class CodegenOptions:
         gemv_unroll: 16-byte weight loads each thread keeps in flight in gemv (2..16); 0 picks
             by the batch rows held in registers: 16 up to 4 rows, 8 up to 8, else 4 (measured
             on an H200, 2026-11-29: BENCHMARKS.md, sweep).
+        gemv_mma_batch: batch rows (per weight read, at the kernel's ``max_batch``) from which
+            gemv runs on tensor cores (``mma.sync`` m16n8k16, weights as M, batch rows as N)
+            when x and the weights share a 16-bit dtype; 0 keeps CUDA-core FMA everywhere.
+            DESIGN §5: from 4 rows the FMA path is compute-bound.
+        gemv_mma_pipeline: 1: in kernels built for one CTA per SM, the tensor-core gemv
+            issues the next block of weight loads before using the current one (two blocks
+            of ``gemv_unroll / 4`` k-steps in flight); elsewhere, and with 0, one block of
+            ``gemv_unroll / 2`` k-steps at a time (fewer registers); 2: pipelined always.
+        attn_stream: 2: attn_partial streams K/V rows straight into registers, lanes across
+            head_dim (FlashDecoding on CUDA cores), where head_dim splits into a power of two
+            of at most 32 16-byte vectors and G <= 8, with the next tokens' loads issued
+            before the current ones are used when G < 4 (``stream_pipelined``); 1: streamed
+            without the prefetch; 0: the shared-memory staged path (a thread per (query
+            head, token)) everywhere.
+        grid_reduce_parallel: 1: where the whole grid is resident on an H200 (at most
+            ``H200.resident_clusters[cluster]`` clusters), grid_reduce's contributors meet at a
+            grid barrier and each sums a share of the output (the same sums in the same order
+            as the last CTA alone, which stays the method otherwise, and with 0). Such
+            kernels are refused at load on GPUs with fewer than 132 SMs.
         pdl: programmatic dependent launch: the kernel starts while its predecessor in the
             stream drains, prefetches its first weight rows into L2 and waits for the
             predecessor before anything else (``fusionc.codegen.pdl``); launched with the
@@ -28,14 +47,19 @@ class CodegenOptions:
             ``load`` (1: one per iteration; each iteration's load then waits for the previous
             iteration's shared-memory store). Larger values keep more loads in flight; not
             yet measured on the GPU, hence off by default.
-        timeline: profiling build: thread 0 of every CTA stores ``%globaltimer`` (ns) at entry
-            (slot 0), at each grid_barrier k's arrival and release (slots 2k + 1, 2k + 2) and at
-            exit (slot 15) into the last ``CTAs x 16`` 64-bit words of the kernel's counters
-            (``scripts/mla_timeline.py`` reads them), to split a persistent kernel's phases.
+        timeline: profiling build: after a ``__syncthreads()``, thread 0 of every CTA stores
+            ``%globaltimer`` (ns) at entry, after every top-level op, at each grid_barrier's
+            arrival and release, and at exit, into 64-bit slots after the kernel's other
+            counters (``KernelSource.stamps`` names the slots; ``fusionc.runtime.timeline``
+            reads them), to split a fused kernel's time by op.
     """
 
     delay: bool = False
     gemv_unroll: int = 0
+    gemv_mma_batch: int = 4
+    gemv_mma_pipeline: int = 1
+    attn_stream: int = 2
+    grid_reduce_parallel: int = 1
     pdl: bool = False
     timeline: bool = False
     load_batch: int = 1
@@ -62,7 +86,8 @@ class EmitCtx:
     decls: list[str] = field(default_factory=list)
     libs: set[str] = field(default_factory=lambda: {"common"})
     workspace: Workspace = field(default_factory=Workspace)
-    barriers: int = 0  # grid_barrier ops emitted so far (their timeline slots)
+    stamps: list[str] = field(default_factory=list)  # timeline slot labels, in slot order
+    resident: bool = False  # the code needs the whole grid resident at once (grid barriers)
     _uid: int = 0
 
     @property
@@ -107,6 +132,14 @@ class EmitCtx:
         """The debug spin statement (empty unless the ``delay`` option is on)."""
         return ("fc_debug_delay(fc_rank, fc_delay_rank, fc_delay_ns);\n"
                 if self.options.delay else "")
+
+    def stamp(self, label: str) -> str:
+        """In a timeline build, the statement that stores the time into a new slot named
+        ``label`` (thread 0; callers synchronize the CTA first); else empty."""
+        if not self.options.timeline:
+            return ""
+        self.stamps.append(label)
+        return f"FC_STAMP({len(self.stamps) - 1});"
 
     def render(self, template: str, **kw) -> str:
         return render(template, **kw)

@@ -26,6 +26,15 @@ from fusionc.ir.nodes import Graph
 from fusionc.ir.printer import print_graph
 
 
+def min_blocks(kernel: Graph, smem: int) -> int:
+    """``__launch_bounds__``' CTAs per SM: 2 where shared memory and threads allow two (ptxas
+    then keeps a 256-thread CTA within 128 registers), else 1. The cost model's occupancy
+    (``fusionc.cost.model.ctas_per_sm``) assumes this; a cluster of 16 at one CTA per SM leaves
+    Llama-3-8B's 8 KV-head clusters in two waves (7 resident, ANCHORS.md)."""
+    from fusionc.cost.model import ctas_per_sm
+    return min(2, ctas_per_sm(kernel, smem=smem))
+
+
 def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> KernelSource:
     """Generate the CUDA source of a tile-IR kernel.
 
@@ -46,15 +55,14 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
     checks.check_smem(kernel, plan)
     ctx = EmitCtx(kernel, plan, options, {id(op): i for i, op in enumerate(ops)})
     layout = _make_refs(ctx)
+    entry = ctx.stamp("entry")
     body = emit_body(ctx)
-    timeline = 0
-    if options.timeline and ctx.barriers > 7:
-        raise CompileError(f"{ctx.barriers} grid barriers in a timeline build", op=kernel.name,
-                           loc=kernel.loc, valid="at most 7 (16 time stamps per CTA)")
-    if options.timeline:   # 16 slots of 64 bits per CTA after every other counter (aligned)
+    exit_ = ctx.stamp("exit")
+    stamp_base = 0
+    if ctx.stamps:   # 64-bit slots per CTA after every other counter (aligned)
         ctx.workspace.counters += ctx.workspace.counters % 2
-        timeline = ctx.workspace.counters
-        ctx.workspace.counters += ctx.grid * ctx.cluster * 16 * 2
+        stamp_base = ctx.workspace.counters
+        ctx.workspace.counters += ctx.grid * ctx.cluster * len(ctx.stamps) * 2
     params = _params(ctx)
     from fusionc.codegen.pdl import prologue, trigger
     name = cnames.ident("fusionc", kernel.name)
@@ -66,11 +74,15 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
         libs=libs.render_libs(ctx.libs, delay=options.delay), decls=ctx.decls,
         cluster_dims=1 < ctx.cluster <= 8, name=name,
         params=[p.decl for p in params] or ["void"], layout=layout, body=body,
-        pdl=prologue(ctx), pdl_end=trigger(ctx), timeline=options.timeline, stamps=timeline) + "\n"
+        min_blocks=min_blocks(kernel, plan.total),
+        pdl=prologue(ctx), pdl_end=trigger(ctx), entry=entry, exit=exit_, stamps=ctx.stamps,
+        stamp_base=stamp_base) + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=ctx.grid,
                         cluster=ctx.cluster, threads=ctx.threads, smem_bytes=plan.total,
                         params=tuple(params), workspace_floats=ctx.workspace.floats,
-                        counters=ctx.workspace.counters, delay=options.delay, pdl=options.pdl)
+                        counters=ctx.workspace.counters, delay=options.delay, pdl=options.pdl,
+                        stamps=tuple(ctx.stamps), stamp_base=stamp_base,
+                        resident=ctx.resident)
 
 
 def smem_required(kernel: Graph) -> int:

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from fusionc.codegen.render import render
 
-ORDER = ("common", "gemv", "attention", "mla")
+ORDER = ("common", "mma", "gemv", "gemv_mma", "attention", "mla")
+DEPS = {"gemv_mma": ("mma", "gemv"), "mla": ("mma",)}  # libraries that use another's helpers
 
 
 def render_libs(needed: set[str], delay: bool = False) -> list[str]:
-    """The text of each needed library, dependencies first."""
+    """The text of each needed library and of the libraries it uses, dependencies first."""
     unknown = needed - set(ORDER)
     if unknown:
         raise ValueError(f"unknown codegen libraries {sorted(unknown)}")
+    needed = needed | {d for lib in needed for d in DEPS.get(lib, ())}
     return [render(f"lib/{name}.cuh.j2", delay=delay) for name in ORDER if name in needed]

@@ -23,8 +23,43 @@ def attn_tile(op) -> int:
     return 8
 
 
+STREAM_MAX_G = 8  # query heads per KV head the streamed path keeps in registers
+def stream_tokens(g: int) -> int:
+    """Tokens (K and V loads) per block of a lane group in the streamed path: 4, or 2 from 4
+    query heads per KV head, which keeps a 256-thread CTA under 128 registers (two CTAs per
+    SM; Llama-3-8B's 8 clusters of 16 are then resident at once)."""
+    return 2 if g >= 4 else 4
+
+
+def stream_pipelined(g: int, option: int) -> bool:
+    """Whether the streamed path prefetches the next block (``attn_stream`` = 2) — below 4
+    query heads per KV head only: with 4 the prefetch registers cost more than it hides
+    (measured on an H200, 2026-11-30: Llama-3-8B at KV 16384, 107 µs against 86 at batch 1)."""
+    return option >= 2 and g < 4
+
+
+def streamed(op, threads: int) -> bool:
+    """Whether attn_partial takes the streamed path (FcAttnStream in lib/attention): a 16-byte
+    vector per lane splits head_dim over a power of two of at most 32 lanes, G <= 8."""
+    g, d = op.operands[0].type.shape[1:]
+    ve = 16 // op.operands[1].type.dtype.itemsize
+    lanes = d // ve if d % ve == 0 else 0
+    return 0 < lanes <= 32 and lanes & (lanes - 1) == 0 and g <= STREAM_MAX_G \
+        and threads % lanes == 0
+
+
 def attn_scratch(op, kernel) -> int:
-    """Bytes of shared memory attn_partial uses (mirrors FcAttnSmem in lib/attention)."""
+    """Bytes of shared memory attn_partial uses (mirrors FcAttnStream / FcAttnSmem in
+    lib/attention). Both paths are sized; the larger is reserved, so that the layout does not
+    depend on the codegen options."""
+    g, d = op.operands[0].type.shape[1:]
+    isz = op.operands[1].type.dtype.itemsize
+    threads = kernel.attr("threads")
+    stream = (threads // (d * isz // 16)) * g * (d + 2) * 4 if streamed(op, threads) else 0
+    return max(stream, _staged_scratch(op))
+
+
+def _staged_scratch(op) -> int:
     g, d = op.operands[0].type.shape[1:]
     isz = op.operands[1].type.dtype.itemsize
     tt = attn_tile(op)
@@ -67,8 +102,11 @@ def emit_attn_partial(op, ctx) -> str:
     m, l, o = (ctx.ref(r) for r in op.results)
     ctx.need("attention")
     _, s, h, d = kc.shape
+    stream = ctx.options.attn_stream > 0 and streamed(op, ctx.threads)
     return ctx.render(
         "ops/attn_partial.cu.j2", G=q.shape[1], D=d, TT=attn_tile(op), tc=kc.ctype,
+        stream=stream, U=stream_tokens(q.shape[1]),
+        pipe="true" if stream_pipelined(q.shape[1], ctx.options.attn_stream) else "false",
         scratch_bytes=attn_scratch(op, ctx.kernel), q=q.ptr, kc=kc.ptr, vc=vc.ptr, S=s, H=h,
         lens=lens.ptr, pos=pos.ptr, kn=kn.ptr, vn=vn.ptr, B=cnames.dim(q.shape[0]),
         head=cnames.affine(op.attr("kv_head")), part=cnames.affine(op.attr("part")),

@@ -43,24 +43,44 @@ def check_gemv(op, kernel) -> None:
                            valid="a static last dim of x")
 
 
+def mma_plan(x, w, plan: dict, mch: int, options, blocks: int = 1) -> dict | None:
+    """The tensor-core gemv's choices (templates/lib/gemv_mma.cuh.j2), or None where it does
+    not apply: x and w of one 16-bit dtype, 16-byte weight vectors, and at least
+    ``options.gemv_mma_batch`` batch rows per weight read (0 turns tensor cores off).
+    ``blocks``: CTAs per SM the kernel is built for (``codegen.generate.min_blocks``)."""
+    on = options.gemv_mma_batch and mch >= options.gemv_mma_batch
+    if not (on and plan["vec"] and w.dtype == x.dtype and w.itemsize == 2):
+        return None
+    pipe = options.gemv_mma_pipeline == 2 or (options.gemv_mma_pipeline == 1 and blocks == 1)
+    # two blocks of k-steps in flight (registers for one CTA per SM), or one
+    steps = max(1, (options.gemv_unroll or 16) // (4 if pipe else 2))  # 2 loads per k-step
+    return dict(U=steps, NB=-(-min(mch, MAX_BATCH_REGS) // 8), pipe="true" if pipe else "false")
+
+
 @emitter("gemv", check=check_gemv)
 def emit_gemv(op, ctx) -> str:
     """CUDA of gemv: the weight tile streamed with 16-byte loads (when aligned), several in flight,
-    fp32 accumulation for all batch rows (templates/lib/gemv.cuh.j2).
+    fp32 accumulation for all batch rows; on tensor cores (``mma.sync``, weights as M, batch
+    rows as N) from ``CodegenOptions.gemv_mma_batch`` rows on (templates/lib/gemv*.cuh.j2).
     """
     x, w, y = ctx.ref(op.operands[0]), ctx.ref(op.operands[1]), ctx.ref(op.result)
-    ctx.need("gemv")
     lead = x.shape[:-1]
     mch = max(1, min(cnames.max_product(lead, ctx.max_batch), MAX_BATCH_REGS))
     plan = gemv_plan(op, x, w, ctx.options.gemv_unroll or auto_unroll(mch))
+    from fusionc.codegen.generate import min_blocks
+    mma = mma_plan(x, w, plan, mch, ctx.options, min_blocks(ctx.kernel, ctx.plan.total))
     b = lambda v: "true" if v else "false"  # noqa: E731
-    return ctx.render(
-        "ops/gemv.cu.j2", x=x.ptr, M=cnames.product(lead), K=x.shape[-1], w=w.ptr,
-        ldw=cnames.dim(w.shape[-1]), n_w=cnames.product(w.shape[:-1]),
-        k_w=cnames.dim(w.shape[-1]),
+    common = dict(
+        x=x.ptr, M=cnames.product(lead), K=x.shape[-1], w=w.ptr, ldw=cnames.dim(w.shape[-1]),
+        n_w=cnames.product(w.shape[:-1]), k_w=cnames.dim(w.shape[-1]),
         row=cnames.affine(op.attr("row")), col=cnames.affine(op.attr("col")),
-        rows=op.attr("rows"), y=y.ptr, MCH=mch, masked=b(op.attr("masked")), nc=b(w.readonly),
-        **{k: (b(v) if isinstance(v, bool) else v) for k, v in plan.items()})
+        rows=op.attr("rows"), y=y.ptr, masked=b(op.attr("masked")), nc=b(w.readonly))
+    if mma:
+        ctx.need("gemv_mma")
+        return ctx.render("ops/gemv_mma.cu.j2", **common, **mma)
+    ctx.need("gemv")
+    return ctx.render("ops/gemv.cu.j2", MCH=mch, **common,
+                      **{k: (b(v) if isinstance(v, bool) else v) for k, v in plan.items()})
 
 
 @emitter("reduce")
@@ -78,12 +98,19 @@ def emit_reduce(op, ctx) -> str:
         init="-FC_INF" if kind == "max" else "0.f", step=step)
 
 
-@emitter("norm_apply")
+def _norm_rows_bytes(op, kernel) -> int:
+    """Scratch of norm_apply: one fp32 factor per row."""
+    return 4 * max(1, cnames.max_product(op.operands[2].type.shape, kernel.attr("max_batch")))
+
+
+@emitter("norm_apply", scratch=_norm_rows_bytes)
 def emit_norm_apply(op, ctx) -> str:
-    """CUDA of norm_apply: w · x · rsqrt(ss / dim + eps) in fp32, rounded to x's dtype."""
+    """CUDA of norm_apply: w · x · rsqrt(ss / dim + eps) in fp32, rounded to x's dtype; the
+    per-row factor computed once per row."""
     x, w, ss = (ctx.ref(v) for v in op.operands)
     out = ctx.ref(op.result)
     return ctx.render(
         "ops/norm_apply.cu.j2", n=out.numel, K=cnames.dim(x.shape[-1]), ss=ss.ptr,
-        dim=cnames.f32_literal(op.attr("dim")), eps=cnames.f32_literal(op.attr("eps")),
-        w=w.ptr, x=x.ptr, out=out.ptr, ot=out.ctype)
+        rows=ss.numel, dim=cnames.f32_literal(op.attr("dim")),
+        eps=cnames.f32_literal(op.attr("eps")), w=w.ptr, x=x.ptr, out=out.ptr, ot=out.ctype,
+        scratch=ctx.scratch(op))

@@ -34,15 +34,25 @@ for _name in _ELEMENTWISE:
     emitter(_name)(_emit_elementwise)
 
 
-@emitter("rms_norm")
+def _norm_block(op, kernel) -> bool:
+    """rms_norm with at most two rows per warp (decode batches): the whole CTA per row."""
+    rows = cnames.max_product(op.operands[0].type.shape[:-1], kernel.attr("max_batch"))
+    return rows <= 2 * (kernel.attr("threads") // 32)
+
+
+@emitter("rms_norm", scratch=lambda op, k: 4 * (k.attr("threads") // 32) if _norm_block(op, k)
+         else 0)
 def emit_rms_norm(op, ctx) -> str:
-    """CUDA of rms_norm on a tile (graph op reused in kernels): fp32 sum of squares per row."""
+    """CUDA of rms_norm on a tile (graph op reused in kernels): fp32 sum of squares per row,
+    by the whole CTA per row for few rows, else by a warp per row."""
     x, w = (ctx.ref(v) for v in op.operands)
     out = ctx.ref(op.result)
     n = x.shape[-1]
+    block = _norm_block(op, ctx.kernel)
     return ctx.render("ops/rms_norm.cu.j2", N=cnames.dim(n), Nf=f"(float){cnames.dim(n)}",
                       rows=cnames.product(x.shape[:-1]), x=x.ptr, xt=x.ctype, w=w.ptr,
-                      out=out.ptr, ot=out.ctype, eps=cnames.f32_literal(op.attr("eps")))
+                      out=out.ptr, ot=out.ctype, eps=cnames.f32_literal(op.attr("eps")),
+                      block=block, scratch=ctx.scratch(op) if block else "")
 
 
 @emitter("rope")

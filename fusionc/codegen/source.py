@@ -47,6 +47,9 @@ class KernelSource:
     counters: int = 0
     delay: bool = False
     pdl: bool = False   # launch with programmatic stream serialization (fusionc.codegen.pdl)
+    stamps: tuple[str, ...] = ()  # timeline slot labels (CodegenOptions.timeline)
+    stamp_base: int = 0  # first counter word of the timeline slots
+    resident: bool = False  # needs every CTA resident at once (grid barrier, parallel reduce)
 
     @property
     def blocks(self) -> int:

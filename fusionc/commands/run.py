@@ -18,6 +18,7 @@ fp16/bf16 pass at <= 1e-2) and timed (median of CUDA-event times over --reps lau
 examples:
   fusionc run examples/llama2_7b.py --batch 1 --kv-len 4096
   fusionc run examples/llama3_8b.py --batch 4 --kv-len 1024 --dtype bf16 --cluster 8
+  fusionc run examples/llama2_7b.py --graph mlp --batch 16 --timeline
 """
 
 
@@ -39,6 +40,9 @@ def setup(p):
     p.add_argument("--split-tokens", type=positive_int, metavar="PARTS",
                    help="token blocks of a many-token graph (1: no split; default 2 with "
                         "collectives, else 1)")
+    p.add_argument("--timeline", action="store_true",
+                   help="profiling build: print each kernel's time per op (last launch; "
+                        "fusionc.runtime.timeline)")
 
     def run(args):
         return run_main(args)
@@ -77,9 +81,12 @@ def run_graph(g, args) -> tuple[str, bool]:
     from fusionc.interp import interpret
     from fusionc.runtime.transfer import download
     from fusionc.runtime.arrays import require_gpu
+    from fusionc.codegen import CodegenOptions
     comm, group = _communicator(g)
+    timeline = getattr(args, "timeline", False)
     fn = fusionc.compile(g, max_batch=args.batch, cluster=args.cluster, kv_len=args.kv_len,
-                         comm=comm, split_tokens=getattr(args, "split_tokens", None))
+                         comm=comm, split_tokens=getattr(args, "split_tokens", None),
+                         codegen=CodegenOptions(timeline=True) if timeline else None)
     require_gpu()
     seed = np.random.SeedSequence().entropy % 2**32
     if comm is not None:   # the ranks share the seed: replicated inputs stay replicated
@@ -104,6 +111,11 @@ def run_graph(g, args) -> tuple[str, bool]:
     kernels = ", ".join([f"{k.source.name} (C={k.source.cluster})" for k in fn.kernels.values()]
                         + [f"host ops {' '.join(host)}"] * bool(host))
     checked = f" ({len(rows)} sampled rows checked)" if rows is not None else ""
+    if timeline:
+        from fusionc.runtime import timeline as tl
+        for name, stamps in tl.read(fn).items():
+            print(f"@{g.name} {name} (timeline build, µs since the first CTA's entry):")
+            print(tl.table(stamps))
     return (f"@{g.name}: batch {args.batch}, KV <= {args.kv_len}{checked}: "
             + ", ".join(f"{v.name} err {e:.1e}" for v, e in zip(g.outputs, errs))
             + f" {'ok' if ok else 'FAILED'}; {us:.1f} µs per call; kernels {kernels}"), ok

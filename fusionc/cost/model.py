@@ -67,9 +67,10 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
             coll_s += device.collective_time(size, op.operands[0].type.nbytes(env))
         if op.name == "grid_barrier":
             coll_s += device.grid_reduce_s
-        if op.name == "grid_reduce":  # the last-arriving CTA sums every contribution alone
-            window = op.operands[1].type.numel(env) * 4
-            coll_s += grid * window / device.cta_l2_bandwidth + device.grid_reduce_s
+        if op.name == "grid_reduce":  # the last-arriving CTA sums every contribution alone,
+            window = op.operands[1].type.numel(env) * 4  # or all share it (resident grids)
+            share = size if grid <= device.resident_clusters.get(size, 0) else 1 / grid
+            coll_s += window / (share * device.cta_l2_bandwidth) + device.grid_reduce_s
     resident = device.resident_clusters.get(size, device.sms // size) * \
         ctas_per_sm(k, device, smem)
     waves = math.ceil(grid / resident)

@@ -144,11 +144,15 @@ class PartitionCluster(Pass):
                                  if self.grid == 0 else (self.grid,))
                     if self.grid or grid >= st.heads // g]
         inter = st.gate.rows
+        vec = 16 // st.down.type.dtype.itemsize  # the down projection's K per cluster (inter /
         splitn = [(c, grid, "splitn") for c in sizes for grid in range(1, 4 * 132 // c + 1)
-                  if inter % (grid * c) == 0 and grid * c >= min(66, inter // 8)
+                  if inter % (grid * c) == 0 and grid * c >= min(66, inter // 8)  # grid) in
                   or (self.size and inter % (grid * c) == 0 and grid * c * 8 >= inter)]
         splitk = [(c, grid, "splitk") for c in sizes for grid in range(1, 264 // c + 1)
                   if inter % grid == 0 and grid * c >= min(66, inter // 8)]
+        aligned = [cfg for cfg in splitn + splitk if (inter // cfg[1]) % vec == 0]  # 16 B
+        if aligned and self.size == 0:  # vectors: scalar weight loads run at a fraction
+            splitn, splitk = ([c for c in aligned if c[2] == s] for s in ("splitn", "splitk"))
         if self.scheme in ("splitk", "splitn"):
             return splitk if self.scheme == "splitk" else splitn
         return splitn + splitk

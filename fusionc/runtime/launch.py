@@ -55,18 +55,19 @@ def ensure_device() -> None:
 
 
 def _check_resident(src) -> None:
-    """A kernel with a grid barrier needs its whole grid resident at once: the compiler sized it
-    for an H200's 132 SMs (fusionc.cost.h200.H200.resident_clusters); refuse a GPU with fewer
-    SMs (an H100 PCIe, a MIG slice) instead of trapping in the barrier. Other kernels sharing
-    the GPU at the same time (MPS, concurrent streams) can still keep CTAs out: the barrier's
-    bounded spin then traps after 2 s rather than hang."""
-    if src.kernel is None or not any(op.name == "grid_barrier" for op in src.kernel.walk()):
+    """A kernel with a grid barrier (or a parallel grid_reduce) needs its whole grid resident at
+    once: the compiler sized it for an H200's 132 SMs (fusionc.cost.h200.H200.resident_clusters);
+    refuse a GPU with fewer SMs (an H100 PCIe, a MIG slice) instead of trapping in the barrier.
+    Other kernels sharing the GPU at the same time (MPS, concurrent streams) can still keep CTAs
+    out: the barrier's bounded spin then traps after 2 s rather than hang."""
+    if not src.resident:
         return
     sms = _sm_count()
     if sms is not None and sms < 132:
         raise DeviceError(f"{src.name} keeps {src.blocks} CTAs resident at once (grid "
                           f"barrier) but this GPU has {sms} SMs",
-                          valid="an H200 or H100 SXM (132 SMs) for kernels with a grid barrier")
+                          valid="an H200 or H100 SXM (132 SMs) for kernels with a grid barrier, "
+                                "or CodegenOptions(grid_reduce_parallel=0)")
 
 
 def _sm_count() -> int | None:

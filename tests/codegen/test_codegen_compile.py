@@ -46,14 +46,43 @@ def test_reversed_butterfly_masks_compile():
 @pytest.mark.parametrize("scheme", ["splitk", "gather"])
 @pytest.mark.parametrize("size,dtype", [(4, "f16"), (16, "bf16"), (2, "f32")])
 def test_splitk_gemv_compiles(scheme, size, dtype):
-    ck = compiled(splitk_gemv(size, 2, 64, 32, dtype, scheme=scheme))
-    assert "// 16-byte weight vectors;" in ck.source.source
+    text = splitk_gemv(size, 2, 64, 32, dtype, scheme=scheme)  # max_batch 8: tensor cores
+    src = compiled(text).source.source
+    assert ("fc_gemv_mma<FC_THREADS, 8, 1, false," in src) == (dtype != "f32")  # 2 CTAs/SM
+    assert ("// 16-byte weight vectors;" in src) == (dtype == "f32")
+    src = compiled(text, gemv_mma_batch=0).source.source
+    assert "// 16-byte weight vectors;" in src and "fc_gemv_mma<" not in src
+
+
+@pytest.mark.parametrize("batch,bucket,path", [
+    ("B", 2, "fma"), ("B", 4, "mma, 1 n-tile"), ("B", 16, "mma, 2 n-tiles"),
+    ("3", 8, "fma"), ("24", 8, "mma, 2 n-tiles")])
+def test_gemv_tensor_cores_from_four_rows(batch, bucket, path):
+    text = splitk_gemv(4, 2, 64, 32, "bf16", batch=batch).replace(
+        "max_batch = 8", f"max_batch = {bucket}")
+    src = compiled(text).source.source
+    assert ("fc_gemv_mma<" in src) == path.startswith("mma")
+    if path.startswith("mma"):
+        assert f"fc_gemv_mma<FC_THREADS, 8, {path[5]}, false, false, true>" in src
+        src = compiled(text, gemv_mma_pipeline=2).source.source  # pipelined: 2 blocks of 4
+        assert f"fc_gemv_mma<FC_THREADS, 4, {path[5]}, true, false, true>" in src
+
+
+@pytest.mark.parametrize("option,blocks,steps,pipe", [
+    (1, 1, 4, "true"), (1, 2, 8, "false"), (0, 1, 8, "false"), (2, 2, 4, "true")])
+def test_gemv_mma_pipelined_at_one_cta_per_sm(option, blocks, steps, pipe):
+    from fusionc.codegen.ops_compute import mma_plan
+    from fusionc.ir import DType
+    from types import SimpleNamespace as NS
+    t = NS(dtype=DType.bf16, itemsize=2)
+    got = mma_plan(t, t, dict(vec=True), 16, CodegenOptions(gemv_mma_pipeline=option), blocks)
+    assert got == dict(U=steps, NB=2, pipe=pipe)
 
 
 @pytest.mark.parametrize("k", [200, 203])
 def test_masked_gemv_paths(k):
     src = compiled(P.masked_gemv(4, 3, 64, 16, k, 40, "f16")).source.source
-    assert ("// 16-byte weight vectors;" in src) == (k % 8 == 0)
+    assert ("fc_gemv_mma<" in src) == (k % 8 == 0)  # tensor cores need 16-byte vectors
     assert ("// scalar weight loads" in src) == (k % 8 != 0)
 
 
@@ -65,12 +94,31 @@ def test_attention_kernel_compiles_without_spills(kw):
     assert "cp.async.cg.shared.global" in ck.source.source
 
 
+@pytest.mark.parametrize("kw,opts,stream", [
+    (dict(), {}, True), (dict(head_dim=72, dtype="f32"), {}, False),
+    (dict(head_dim=256, dtype="f32"), {}, False), (dict(group=16), {}, False),
+    (dict(group=8, dtype="bf16"), {}, True), (dict(), dict(attn_stream=0), False)])
+def test_attention_streamed_or_staged(kw, opts, stream):
+    src = compiled(P.attention_kernel(**kw), **opts).source.source
+    assert ("fc_attn_partial_stream<FC_THREADS" in src) == stream
+    assert ("fc_attn_partial<FC_THREADS" in src) == (not stream)
+    g = kw.get("group", 2)  # prefetching below 4 query heads per KV head; 4 or 2 tokens
+    if stream:
+        assert f"{kw.get('head_dim', 128)}, {4 if g < 4 else 2}, {str(g < 4).lower()}>(" in src
+
+
 def test_grid_reduce_kernels_compile():
-    ck = compiled(P.grid_sum(4, 3, 100))
+    ck = compiled(P.grid_sum(4, 3, 100), grid_reduce_parallel=0)
     assert [p.kind for p in ck.source.params][-2:] == ["workspace", "counters"]
     assert ck.source.workspace_floats == 12 * 100 and ck.source.counters == 1
-    ck = compiled(P.oproj_kernel(4, 3, 64, 64))
+    assert not ck.source.resident
+    ck = compiled(P.oproj_kernel(4, 3, 64, 64), grid_reduce_parallel=0)
     assert ck.source.counters == 4  # one window per rank
+    ck = compiled(P.oproj_kernel(4, 3, 64, 64))  # 3 clusters of 4: resident, parallel sums
+    assert ck.source.counters == 2 and ck.source.resident  # one grid barrier
+    assert "fc_grid_sync_thread0(fc_counters + 0, fc_counters + 0 + 1, 12u" in ck.source.source
+    ck = compiled(P.oproj_kernel(4, 31, 64, 64))  # 31 clusters of 4 may not be resident
+    assert ck.source.counters == 4 and not ck.source.resident
 
 
 def test_graph_ops_in_a_kernel_compile():

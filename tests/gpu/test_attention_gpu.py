@@ -14,18 +14,23 @@ from fusionc.sim import simulate_kernel
 from tests.codegen.programs import attention_kernel
 from tests.gpu.common import kernel, record, rel
 
-CONFIGS = [
-    dict(),
+CONFIGS = [  # attn_partial streamed (lanes across head_dim) unless head_dim does not split
+    dict(),   # into a power of two of 16-byte vectors (72) or attn_stream = 0 (staged tiles)
     dict(head_dim=64, group=4, dtype="bf16", cluster=8),
     dict(head_dim=72, group=1, dtype="f32", cluster=2),
     dict(cluster=16),
+    dict(head_dim=128, group=8, dtype="f32", cluster=2),
+    dict(group=4, attn_stream=0),
+    dict(group=2, attn_stream=1),  # streamed without the prefetch
 ]
 LENGTHS = [[1, 15, 16, 17], [255, 257, 0, 37]]
 S = 300
 
 
 def case(cfg):
-    return kernel(attention_kernel(max_seq=S, **cfg))
+    cfg = dict(cfg)
+    opts = {"attn_stream": cfg.pop("attn_stream")} if "attn_stream" in cfg else {}
+    return kernel(attention_kernel(max_seq=S, **cfg), **opts), opts
 
 
 def precompile():
@@ -80,19 +85,20 @@ def inputs(cfg, lengths, dt, rng):
 @pytest.mark.parametrize("lengths", LENGTHS, ids=str)
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 def test_attention_tile_program(cfg, lengths):
+    from fusionc.codegen import CodegenOptions
     from fusionc.runtime.run import run_kernel
 
-    k = case(cfg)
+    k, opts = case(cfg)
     dt = DType(cfg.get("dtype", "f16"))
     a, heads, group, d = inputs(cfg, lengths, dt, np.random.default_rng(sum(lengths)))
     want = simulate_kernel(k, a)
-    got = run_kernel(k, a)
+    got = run_kernel(k, a, options=CodegenOptions(**opts))
     ref = reference(a, heads, group, d, 1.0 / d**0.5)
     y = got["y"].astype(np.float64)
     e_sim, e_ref = rel(y, want["y"]), rel(y, ref)
     record(
         "attention",
-        f"{dt} D={d} G={group} C={cfg.get('cluster', 4)} lens={lengths}",
+        f"{dt} D={d} G={group} C={cfg.get('cluster', 4)} {opts or ''} lens={lengths}",
         f"vs sim {e_sim:.1e}, vs float64 {e_ref:.1e}",
     )
     assert not np.isnan(y).any()

@@ -29,6 +29,21 @@ def tail_case(r, dtype):
     return kernel(masked_gemv(4, 3, 64, 16, 4 * 64 - r, 44, dtype)), 4 * 64 - r
 
 
+MMA_SHAPES = [  # (scheme, size, grid, k_tile, n_tile): warps split K and add atomically; many
+    ("splitk", 4, 3, 64, 32),  # strips per warp; a strip of 10 rows (rows past the tile idle)
+    ("splitk", 2, 2, 256, 256), ("gather", 4, 2, 64, 40)]
+MMA = [(sh, b, d, p) for sh in MMA_SHAPES for b in (3, 16, 24) for d in ("f16", "bf16")
+       for p in (0, 2)]
+
+
+def mma_case(shape, batch, dtype, pipe):
+    """A static batch (24: two passes of 16 rows over the weights), tensor cores forced,
+    software pipelining off or forced."""
+    scheme, size, grid, k_tile, n_tile = shape
+    return kernel(splitk_gemv(size, grid, k_tile, n_tile, dtype, batch=str(batch),
+                              scheme=scheme), gemv_mma_batch=1, gemv_mma_pipeline=pipe)
+
+
 BANDWIDTH = [(b, t, u) for b in (1, 8) for t, u in ((128, 4), (256, 4), (256, 8), (512, 4))]
 
 
@@ -47,6 +62,8 @@ def precompile():
     for r in TAILS:
         for d in TAIL_DTYPES:
             tail_case(r, d)
+    for m in MMA:
+        mma_case(*m)
 
 
 def _check(k, x, w, dt, label):
@@ -71,6 +88,29 @@ def test_gemv_matches_simulator(scheme, size, dtype, batch):
     x = rng.standard_normal((batch, size * 64))
     w = rng.standard_normal((3 * 32, size * 64)) / 8
     _check(k, x, w, DType(dtype), f"{scheme} C={size} {dtype} B={batch}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,batch,dtype,pipe", MMA)
+def test_gemv_on_tensor_cores(shape, batch, dtype, pipe):
+    from fusionc.codegen import CodegenOptions, compile_kernel
+    from fusionc.runtime.run import run_kernel
+    k = mma_case(shape, batch, dtype, pipe)
+    opts = CodegenOptions(gemv_mma_batch=1, gemv_mma_pipeline=pipe)
+    assert "fc_gemv_mma<" in compile_kernel(k, opts).source.source
+    rng = np.random.default_rng(batch)
+    _, size, grid, k_tile, n_tile = shape
+    x = rng.standard_normal((batch, size * k_tile))
+    w = rng.standard_normal((grid * n_tile, size * k_tile)) / 8
+    args = {"x": x, "w": w, "y": np.full((batch, w.shape[0]), np.nan)}
+    want = simulate_kernel(k, args)["y"]
+    got = run_kernel(k, args, options=opts)["y"]
+    dt = DType(dtype)
+    ref = round_to(x, dt).astype(np.float64) @ round_to(w, dt).astype(np.float64).T
+    record("gemv mma", f"{shape} B={batch} {dtype} pipeline {pipe}",
+           f"vs sim {rel(got, want):.1e}, vs float64 {rel(got, ref):.1e}")
+    assert np.all(np.isfinite(got))
+    assert rel(got, want) <= 1e-2 and rel(got, ref) <= 1e-2
 
 
 @pytest.mark.gpu

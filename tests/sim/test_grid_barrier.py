@@ -65,4 +65,5 @@ def test_grid_barrier_compiles(grid, size):
     ck = compile_kernel(parse_module(rotate(grid, size)).graphs[0])
     assert ck.cubin[:4] == b"\x7fELF" and ck.spills == 0
     src = ck.source.source
-    assert "ld.acquire.gpu.global.u32" in src and "atomicAdd(fc_arrive" in src
+    assert "ld.acquire.gpu.global.u32" in src and "atomicAdd(arrive, 1u)" in src
+    assert "fc_grid_sync_thread0(fc_counters + " in src and ck.source.resident

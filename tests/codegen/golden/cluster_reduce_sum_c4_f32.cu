@@ -175,10 +175,38 @@ template <> FC_DEVICE float fc_lane<__nv_bfloat16>(const uint4& r, int j) {
   return __uint_as_float((j & 1) ? (w & 0xffff0000u) : (w << 16));
 }
 
+// Grid-wide barrier among `total` CTAs that are resident at once, called by thread 0 of each
+// (the CTA synchronizes before and after): an arrival count and a generation word. The last
+// CTA to arrive resets the count (CUDA-graph replayable) and bumps the generation; the others
+// spin on it with acquire loads, bounded: a grid that is not resident traps after `timeout_ns`
+// instead of hanging.
+FC_DEVICE void fc_grid_sync_thread0(unsigned* arrive, unsigned* gen, unsigned total,
+                                    unsigned long long timeout_ns) {
+  const unsigned g = atomicAdd(gen, 0u);
+  __threadfence();  // this CTA's stores are visible device-wide before it is counted
+  if (atomicAdd(arrive, 1u) == total - 1) {
+    atomicExch(arrive, 0u);
+    __threadfence();
+    atomicAdd(gen, 1u);
+  } else {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    unsigned seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(gen) : "memory");
+      if (seen != g) break;
+      __nanosleep(64);
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < timeout_ns);
+    if (seen == g) __trap();
+  }
+  __threadfence();
+}
+
 constexpr int FC_THREADS = 128;
 constexpr int FC_CLUSTER = 4;
 
-extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128, 1)
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128, 2)
 fusionc_coll(
     const float* __restrict__ p_x,
     float* __restrict__ p_y) {

@@ -178,6 +178,73 @@ template <> FC_DEVICE float fc_lane<__nv_bfloat16>(const uint4& r, int j) {
   return __uint_as_float((j & 1) ? (w & 0xffff0000u) : (w << 16));
 }
 
+// Grid-wide barrier among `total` CTAs that are resident at once, called by thread 0 of each
+// (the CTA synchronizes before and after): an arrival count and a generation word. The last
+// CTA to arrive resets the count (CUDA-graph replayable) and bumps the generation; the others
+// spin on it with acquire loads, bounded: a grid that is not resident traps after `timeout_ns`
+// instead of hanging.
+FC_DEVICE void fc_grid_sync_thread0(unsigned* arrive, unsigned* gen, unsigned total,
+                                    unsigned long long timeout_ns) {
+  const unsigned g = atomicAdd(gen, 0u);
+  __threadfence();  // this CTA's stores are visible device-wide before it is counted
+  if (atomicAdd(arrive, 1u) == total - 1) {
+    atomicExch(arrive, 0u);
+    __threadfence();
+    atomicAdd(gen, 1u);
+  } else {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    unsigned seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(gen) : "memory");
+      if (seen != g) break;
+      __nanosleep(64);
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < timeout_ns);
+    if (seen == g) __trap();
+  }
+  __threadfence();
+}
+
+// ---- fusionc mma: warp-level tensor-core helpers (PTX ISA, "mma.sync.aligned.m16n8k16",
+// "ldmatrix"). FcMma<T>::run(d, a, b): d[4] += A[16x16] . B[16x8] with fp32 accumulation, the
+// operands in the register fragments of the PTX ISA's m16n8k16 figures (lane = 4 g + t:
+// a = {A[g][2t..], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..]}, b = {B[2t..][g], B[2t+8..][g]},
+// d = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}).
+
+template <typename T> struct FcMma;
+template <> struct FcMma<__nv_bfloat16> {
+  static FC_DEVICE void run(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+template <> struct FcMma<__half> {
+  static FC_DEVICE void run(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+FC_DEVICE void fc_ldsm_x4(unsigned* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fc_smem_addr(p)));
+}
+FC_DEVICE void fc_ldsm_x2(unsigned* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(fc_smem_addr(p)));
+}
+FC_DEVICE void fc_ldsm_x2_trans(unsigned* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(fc_smem_addr(p)));
+}
+
+template <typename A, typename B> struct FcSame { static constexpr bool value = false; };
+template <typename A> struct FcSame<A, A> { static constexpr bool value = true; };
+
 // ---- fusionc gemv: weight tile streamed from global memory, fp32 accumulation ----
 // y[m, n] = sum_k x[m, k] * w[row0 + n, col0 + k] for m < M, n < rows, k < K.
 // Groups of LPR lanes own one weight row at a time; each lane streams 16-byte weight vectors
@@ -267,10 +334,130 @@ __device__ __forceinline__ void fc_gemv(const TX* __restrict__ x, int M, int K,
   }
 }
 
+// ---- fusionc gemv on tensor cores: y[m, n] = sum_k x[m, k] * w[row0 + n, col0 + k] ----
+// Weight rows are the M = 16 rows and batch rows the N = 8 columns of mma.sync.m16n8k16 (NB
+// n-tiles: 8 NB batch rows per weight read), fp32 accumulation; x and w of one 16-bit dtype.
+// Lane 4g + t of a warp streams the 16-byte vectors at columns 32 s + 8 t .. + 7 of rows g and
+// g + 8 of the warp's 16-row strip, for k-steps s: blocks of U steps (2 U loads); with PIPE
+// the next block's loads are issued before the current block is used (software pipelining). One vector
+// feeds two mma k-halves: both operands take the same permutation of the k order (fragment
+// columns 2t, 2t + 1, 2t + 8, 2t + 9 <- vector elements 4h .. 4h + 3 of half h), and a sum over
+// k does not depend on the order; so weights go from global memory straight into the A
+// fragments, without shared memory, ldmatrix or shuffles, and x's B fragment is one 16-byte
+// load per lane and k-step. Strips are spread over the warps; with fewer strips than warps the
+// warps also split K (KP parts) and add their partial sums into y with shared-memory atomics
+// after zeroing it. With MASKED, weight vectors outside the [n_w, k_w] tensor count as 0 (a
+// vector is wholly inside or outside: codegen checks K % 8 == 0 and the column alignment).
+template <int NT, int U, int NB, bool PIPE, bool MASKED, bool NC, typename T>
+__device__ __forceinline__ void fc_gemv_mma(const T* __restrict__ x, int M, int K,
+                                            const T* __restrict__ w, long long ldw, int n_w,
+                                            int k_w, int row0, int col0, int rows,
+                                            float* __restrict__ y) {
+  constexpr int NW = NT / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int strips = (rows + 15) / 16, kc = K / 8, steps = (kc + 3) / 4;
+  int kp = 1;  // K parts per strip (warp-uniform)
+  while (2 * kp * strips <= NW && 2 * kp <= steps) kp *= 2;
+  const int per_part = (steps + kp - 1) / kp, nblk = (per_part + U - 1) / U;
+  const int items = strips * kp, mine = warp < items ? (items - warp + NW - 1) / NW : 0;
+  const int total = mine * nblk;  // (item, block of U k-steps) pairs of this warp, in order
+  if (kp > 1) {
+    for (int i = threadIdx.x; i < M * rows; i += NT) y[i] = 0.f;
+    __syncthreads();
+  }
+  // Pair q: item warp + (q / nblk) NW, k-steps [s0, s_end) of its part.
+  auto span = [&](int q, int& na, int& s0, int& s_end) {
+    const int item = warp + (q / nblk) * NW, s_lo = (item % kp) * per_part;
+    na = 16 * (item / kp) + g;
+    s0 = s_lo + (q % nblk) * U;
+    s_end = min(steps, s_lo + per_part);
+  };
+  auto issue = [&](int q, uint4 (&va)[U], uint4 (&vb)[U]) {  // 2 U 16-byte loads in flight
+    int na, s0, s_end;
+    span(q, na, s0, s_end);
+    const int nb = na + 8, ra = row0 + na, rb = row0 + nb;
+    const bool la = na < rows && (!MASKED || (ra >= 0 && ra < n_w));
+    const bool lb = nb < rows && (!MASKED || (rb >= 0 && rb < n_w));
+    const T* wa = w + (long long)ra * ldw + col0;
+    const T* wb = w + (long long)rb * ldw + col0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = 4 * (s0 + u) + t, col = col0 + 8 * c;
+      const bool ok = s0 + u < s_end && c < kc && (!MASKED || (col >= 0 && col + 8 <= k_w));
+      const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+      va[u] = ok && la ? FcWeight<T, 8>::template load<NC>(wa + 8 * c) : z;
+      vb[u] = ok && lb ? FcWeight<T, 8>::template load<NC>(wb + 8 * c) : z;
+    }
+  };
+  // Two accumulators per n-tile (even and odd k-halves): independent mma chains.
+  auto use = [&](int q, int m0, const uint4 (&va)[U], const uint4 (&vb)[U],
+                 float (&acc)[NB][2][4]) {
+    int na, s0, s_end;
+    span(q, na, s0, s_end);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = 4 * (s0 + u) + t;
+#pragma unroll
+      for (int j = 0; j < NB; ++j) {
+        const int m = m0 + 8 * j + g;
+        const uint4 xv = m < M && c < kc && s0 + u < s_end
+            ? *reinterpret_cast<const uint4*>(x + (long long)m * K + 8 * c)
+            : make_uint4(0u, 0u, 0u, 0u);
+        const unsigned a0[4] = {va[u].x, vb[u].x, va[u].y, vb[u].y};
+        const unsigned b0[2] = {xv.x, xv.y};
+        FcMma<T>::run(acc[j][0], a0, b0);
+        const unsigned a1[4] = {va[u].z, vb[u].z, va[u].w, vb[u].w};
+        const unsigned b1[2] = {xv.z, xv.w};
+        FcMma<T>::run(acc[j][1], a1, b1);
+      }
+    }
+    if (q % nblk == nblk - 1) {  // the item's last block: D[n][m] out, rows g and g + 8
+#pragma unroll
+      for (int j = 0; j < NB; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int m = m0 + 8 * j + 2 * t + (e & 1), n = e < 2 ? na : na + 8;
+          if (m < M && n < rows) {
+            float* dst = y + (long long)m * rows + n;
+            const float v = acc[j][0][e] + acc[j][1][e];
+            if (kp > 1) atomicAdd(dst, v); else *dst = v;
+          }
+          acc[j][0][e] = acc[j][1][e] = 0.f;
+        }
+      }
+    }
+  };
+  for (int m0 = 0; m0 < M; m0 += 8 * NB) {
+    float acc[NB][2][4];
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][0][e] = acc[j][1][e] = 0.f;
+    uint4 pa[U], pb[U];
+    if constexpr (PIPE) {  // ping-pong: the next block loads while one is used
+      uint4 qa[U], qb[U];
+      if (total > 0) issue(0, pa, pb);
+      for (int q = 0; q < total; q += 2) {  // warp-uniform: mma is convergent
+        if (q + 1 < total) issue(q + 1, qa, qb);
+        use(q, m0, pa, pb, acc);
+        if (q + 1 < total) {
+          if (q + 2 < total) issue(q + 2, pa, pb);
+          use(q + 1, m0, qa, qb, acc);
+        }
+      }
+    } else {  // one block in flight at a time (fewer registers)
+      for (int q = 0; q < total; ++q) {
+        issue(q, pa, pb);
+        use(q, m0, pa, pb, acc);
+      }
+    }
+  }
+}
+
 constexpr int FC_THREADS = 128;
 constexpr int FC_CLUSTER = 4;
 
-extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128, 1)
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128, 2)
 fusionc_gemv(
     const __half* __restrict__ p_x,
     const __half* __restrict__ p_w,
@@ -304,8 +491,8 @@ fusionc_gemv(
   // [op 1, ir 3:8] %p = gemv(%xt, %w) {row = "16*cluster", col = "64*rank", rows = 16, masked = false} : f32[B, 16]
   __syncthreads();  // earlier ops' shared data
   {
-    // 16-byte weight vectors; 1 lanes per weight row, 8 loads in flight, 8 batch rows per weight read
-    fc_gemv<FC_THREADS, 1, 8, 8, 8, true, false, true>(
+    // tensor cores (mma.sync m16n8k16): 16 weight loads in flight per lane, 8 batch rows per weight read
+    fc_gemv_mma<FC_THREADS, 8, 1, false, false, true>(
         v_xt, dim_B, 64, p_w, 256LL, 32, 256, 16 * fc_cluster, 64 * fc_rank, 16, v_p);
   }
   // [op 2, ir 4:10] %buf = smem_alloc() : f32[B, 16]

@@ -1,0 +1,66 @@
+"""Where the time of a fused kernel goes, op by op: compile a graph of an example with
+CodegenOptions(timeline=True), launch it on random inputs with every KV row at full length,
+and print each kernel's time stamps (fusionc.runtime.timeline). GPU only.
+
+    python3 scripts/timeline.py examples/llama2_7b.py --graph mlp --batch 16
+    python3 scripts/timeline.py examples/deepseek_v2_lite.py --batch 1 --kv 4096 \\
+        --codegen load_batch=4
+    python3 scripts/timeline.py ... --compile-only      # CPU: fill the cubin cache
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
+
+
+def build(path: str, graph: str | None, batch: int, kv: int, codegen: str):
+    """(graph, compiled module) of the timeline build."""
+    import fusionc as fc
+    from benchmarks.common import codegen_options
+    from fusionc.commands.ir import load
+    from fusionc.dsl.loader import build_parameters
+    sizes = {"max_seq": kv} if "max_seq" in build_parameters(path) else {}
+    module = load(path, sizes)
+    g = next(g for g in module.graphs if g.kind == "graph" and graph in (None, g.name))
+    opts = codegen_options(",".join(["timeline=1"] + ([codegen] if codegen else [])))
+    return g, fc.compile(g, max_batch=batch, kv_len=kv, codegen=opts)
+
+
+def run(g, fn, batch: int, kv: int, launches: int = 5) -> None:
+    import numpy as np
+
+    from fusionc.commands.compile import random_inputs
+    from fusionc.runtime import timeline
+    from fusionc.runtime.transfer import upload
+    ins = random_inputs(g, batch, np.random.default_rng(0), max_len=kv)
+    for name in ("seq_lens", "positions"):  # every row at full length
+        if name in ins:
+            ins[name] = np.full(batch, kv if name == "seq_lens" else kv - 1, np.int32)
+    dev = {p.name: upload(ins[p.name], p.type.dtype) for p in g.params}
+    for _ in range(launches):
+        fn(**dev)
+    for name, stamps in timeline.read(fn).items():
+        print(f"@{g.name} {name}, batch {batch}, KV {kv}: {fn.report().splitlines()[0]}")
+        print(timeline.table(stamps))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("source", help="an example DSL file")
+    ap.add_argument("--graph", help="the graph (default: the first)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--kv", type=int, default=4096)
+    ap.add_argument("--codegen", default="", metavar="K=V,...",
+                    help="more CodegenOptions, e.g. load_batch=4,gemv_mma_batch=0")
+    ap.add_argument("--compile-only", action="store_true")
+    a = ap.parse_args()
+    graph, compiled = build(a.source, a.graph, a.batch, a.kv, a.codegen)
+    if a.compile_only:
+        print(compiled.report())
+    else:
+        run(graph, compiled, a.batch, a.kv)
