@@ -42,3 +42,19 @@ def test_bind_dims():
         bind_dims(k, {**args, "y": np.zeros((2, 32))})
     with pytest.raises(InputError, match="missing argument %w"):
         bind_dims(k, {"x": args["x"], "y": args["y"]})
+
+
+def test_resident_kernels_need_132_sms(monkeypatch):
+    """Kernels whose CTAs wait for each other (grid barrier, parallel grid_reduce) are refused
+    at load on a GPU with fewer SMs than the H200 they were sized for; others load anywhere."""
+    from types import SimpleNamespace
+
+    from fusionc.errors import DeviceError
+    from fusionc.runtime import launch
+    monkeypatch.setattr(launch, "_sm_count", lambda: 114)  # an H100 PCIe
+    src = SimpleNamespace(name="fusionc_k", blocks=120, resident=True)
+    with pytest.raises(DeviceError, match="114 SMs"):
+        launch._check_resident(src)
+    launch._check_resident(SimpleNamespace(name="k", blocks=120, resident=False))
+    monkeypatch.setattr(launch, "_sm_count", lambda: 132)
+    launch._check_resident(src)
