@@ -137,8 +137,9 @@ def codegen_options(spec: str):
     """``CodegenOptions`` from ``"name=int,name=int"`` (argparse type)."""
     import argparse
     from fusionc.codegen import CodegenOptions
+    from fusionc.errors import FusionError
     try:
         kw = {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
         return CodegenOptions(**kw)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, FusionError) as e:
         raise argparse.ArgumentTypeError(f"{spec!r}: {e}") from None

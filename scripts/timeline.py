@@ -17,17 +17,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
 
 
-def build(path: str, graph: str | None, batch: int, kv: int, codegen: str):
-    """(graph, compiled module) of the timeline build."""
+def build(path: str, graph: str | None, batch: int, kv: int, codegen):
+    """(graph, compiled module) of the timeline build; ``codegen``: CodegenOptions or None."""
+    import dataclasses
+
     import fusionc as fc
-    from benchmarks.common import codegen_options
+    from fusionc.codegen import CodegenOptions
     from fusionc.commands.ir import load
+    from fusionc.errors import DSLError
     from fusionc.dsl.loader import build_parameters
     sizes = {"max_seq": kv} if "max_seq" in build_parameters(path) else {}
     module = load(path, sizes)
-    g = next(g for g in module.graphs if g.kind == "graph" and graph in (None, g.name))
-    opts = codegen_options(",".join(["timeline=1"] + ([codegen] if codegen else [])))
-    return g, fc.compile(g, max_batch=batch, kv_len=kv, codegen=opts)
+    graphs = [g for g in module.graphs if g.kind == "graph" and graph in (None, g.name)]
+    if not graphs:
+        raise DSLError(f"no graph named '{graph}'", valid=", ".join(module.names))
+    opts = dataclasses.replace(codegen or CodegenOptions(), timeline=True)
+    return graphs[0], fc.compile(graphs[0], max_batch=batch, kv_len=kv, codegen=opts)
 
 
 def run(g, fn, batch: int, kv: int, launches: int = 5) -> None:
@@ -55,11 +60,16 @@ if __name__ == "__main__":
     ap.add_argument("--graph", help="the graph (default: the first)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--kv", type=int, default=4096)
-    ap.add_argument("--codegen", default="", metavar="K=V,...",
+    from benchmarks.common import codegen_options
+    ap.add_argument("--codegen", type=codegen_options, metavar="K=V,...",
                     help="more CodegenOptions, e.g. load_batch=4,gemv_mma_batch=0")
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()
-    graph, compiled = build(a.source, a.graph, a.batch, a.kv, a.codegen)
+    from fusionc.errors import FusionError
+    try:
+        graph, compiled = build(a.source, a.graph, a.batch, a.kv, a.codegen)
+    except FusionError as e:
+        sys.exit(f"timeline: {e}")
     if a.compile_only:
         print(compiled.report())
     else:

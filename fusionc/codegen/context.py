@@ -45,8 +45,8 @@ class CodegenOptions:
             programmatic-stream-serialization attribute.
         load_batch: 16-byte global loads each thread issues before storing them, in the tile
             ``load`` (1: one per iteration; each iteration's load then waits for the previous
-            iteration's shared-memory store). Larger values keep more loads in flight; not
-            yet measured on the GPU, hence off by default.
+            iteration's shared-memory store). Larger values keep more loads in flight; 4 was
+            within noise of 1 on the MLA kernel (H200, 2026-11-30), hence off by default.
         timeline: profiling build: after a ``__syncthreads()``, thread 0 of every CTA stores
             ``%globaltimer`` (ns) at entry, after every top-level op, at each grid_barrier's
             arrival and release, and at exit, into 64-bit slots after the kernel's other
@@ -63,6 +63,18 @@ class CodegenOptions:
     pdl: bool = False
     timeline: bool = False
     load_batch: int = 1
+
+    def __post_init__(self):
+        for name, lo, hi in _RANGES:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                from fusionc.errors import CompileError
+                raise CompileError(f"CodegenOptions.{name} = {v!r}", op="codegen",
+                                   valid=f"an integer from {lo} to {hi}")
+
+
+_RANGES = (("gemv_unroll", 0, 32), ("gemv_mma_batch", 0, 1 << 20), ("gemv_mma_pipeline", 0, 2),
+           ("attn_stream", 0, 2), ("grid_reduce_parallel", 0, 1), ("load_batch", 1, 16))
 
 
 @dataclass

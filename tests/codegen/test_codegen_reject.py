@@ -103,3 +103,16 @@ def test_cli_prints_compile_errors_without_traceback(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     assert err.startswith("fusionc: 2:1: compile error: 'coll': cluster size 32")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("kw", [dict(attn_stream=3), dict(gemv_mma_pipeline=-1),
+                                dict(load_batch=0), dict(gemv_unroll=64),
+                                dict(grid_reduce_parallel=2), dict(gemv_mma_batch=1.5),
+                                dict(attn_stream=True)])
+def test_codegen_options_out_of_range_are_named(kw):
+    from fusionc.codegen import CodegenOptions
+    from fusionc.errors import CompileError
+    (name, value), = kw.items()
+    with pytest.raises(CompileError, match=f"CodegenOptions.{name} = {value!r}.*valid: an "
+                                           "integer from"):
+        CodegenOptions(**kw)
