@@ -30,15 +30,18 @@ class CodegenOptions:
             ``gemv_unroll / 2`` k-steps at a time (fewer registers); 2: pipelined always.
         attn_stream: 2: attn_partial streams K/V rows straight into registers, lanes across
             head_dim (FlashDecoding on CUDA cores), where head_dim splits into a power of two
-            of at most 32 16-byte vectors and G <= 8, with the next tokens' loads issued
-            before the current ones are used when G < 4 (``stream_pipelined``); 1: streamed
-            without the prefetch; 0: the shared-memory staged path (a thread per (query
-            head, token)) everywhere.
+            of at most 32 16-byte vectors and q and o fit 2 x 32 registers (G <= 4 in f16
+            and bf16, G <= 8 in f32), with the next tokens' loads issued before the current
+            ones are used when G < 4 (``stream_pipelined``); 1: streamed without the
+            prefetch; 0: the shared-memory staged path (a thread per (query head, token))
+            everywhere.
         grid_reduce_parallel: 1: where the whole grid is resident on an H200 (at most
             ``H200.resident_clusters[cluster]`` clusters), grid_reduce's contributors meet at a
             grid barrier and each sums a share of the output (the same sums in the same order
             as the last CTA alone, which stays the method otherwise, and with 0). Such
-            kernels are refused at load on GPUs with fewer than 132 SMs.
+            kernels are refused at load on GPUs with fewer than 132 SMs, and, like any grid
+            barrier, trap after 2 s if other work (MPS, another process) keeps some of their
+            CTAs off the GPU that long: use 0 where the GPU is shared.
         pdl: programmatic dependent launch: the kernel starts while its predecessor in the
             stream drains, prefetches its first weight rows into L2 and waits for the
             predecessor before anything else (``fusionc.codegen.pdl``); launched with the

@@ -23,7 +23,22 @@ def attn_tile(op) -> int:
     return 8
 
 
-STREAM_MAX_G = 8  # query heads per KV head the streamed path keeps in registers
+STREAM_MAX_REGS = 32  # G x (16-byte vector elements): q and o each hold that many floats
+
+
+def streamed(op, threads: int) -> bool:
+    """Whether attn_partial takes the streamed path (FcAttnStream in lib/attention): a 16-byte
+    vector per lane splits head_dim over a power of two of at most 32 lanes, and q and the
+    outputs of the G query heads take at most 2 x 32 registers per lane (G <= 4 for 16-bit
+    caches, G <= 8 for f32): with more, a 256-thread CTA at two CTAs per SM (128 registers)
+    spills."""
+    g, d = op.operands[0].type.shape[1:]
+    ve = 16 // op.operands[1].type.dtype.itemsize
+    lanes = d // ve if d % ve == 0 else 0
+    return 0 < lanes <= 32 and lanes & (lanes - 1) == 0 and g * ve <= STREAM_MAX_REGS \
+        and threads % lanes == 0
+
+
 def stream_tokens(g: int) -> int:
     """Tokens (K and V loads) per block of a lane group in the streamed path: 4, or 2 from 4
     query heads per KV head, which keeps a 256-thread CTA under 128 registers (two CTAs per
@@ -36,16 +51,6 @@ def stream_pipelined(g: int, option: int) -> bool:
     query heads per KV head only: with 4 the prefetch registers cost more than it hides
     (measured on an H200, 2026-11-30: Llama-3-8B at KV 16384, 107 µs against 86 at batch 1)."""
     return option >= 2 and g < 4
-
-
-def streamed(op, threads: int) -> bool:
-    """Whether attn_partial takes the streamed path (FcAttnStream in lib/attention): a 16-byte
-    vector per lane splits head_dim over a power of two of at most 32 lanes, G <= 8."""
-    g, d = op.operands[0].type.shape[1:]
-    ve = 16 // op.operands[1].type.dtype.itemsize
-    lanes = d // ve if d % ve == 0 else 0
-    return 0 < lanes <= 32 and lanes & (lanes - 1) == 0 and g <= STREAM_MAX_G \
-        and threads % lanes == 0
 
 
 def attn_scratch(op, kernel) -> int:

@@ -1,7 +1,9 @@
-"""Emitter of grid_reduce: the deterministic cross-CTA reduction (templates/ops/grid_reduce).
+"""Emitters of grid_reduce (the deterministic cross-CTA reduction, templates/ops/grid_reduce)
+and grid_barrier.
 
-The last CTA to arrive takes ``init`` (every contributor passes the same values, e.g. the
-residual) from its own copy."""
+grid_reduce: the last CTA to arrive at a window sums its slots, or on resident grids every
+contributor sums a share (:func:`parallel_reduce`); the CTA that writes an element takes
+``init`` (every contributor passes the same values, e.g. the residual) from its own copy."""
 from __future__ import annotations
 
 from fusionc.codegen import cnames, tiles
@@ -59,8 +61,7 @@ def parallel_reduce(ctx) -> bool:
     grid_reduce_parallel): only where the whole grid is resident on an H200 at one CTA per SM
     (``H200.resident_clusters``), since contributors wait for each other."""
     from fusionc.cost.h200 import H200
-    return bool(ctx.options.grid_reduce_parallel) and \
-        ctx.grid <= H200.resident_clusters.get(ctx.cluster, 0)
+    return bool(ctx.options.grid_reduce_parallel) and H200.resident(ctx.grid, ctx.cluster)
 
 
 GRID_BARRIER_TIMEOUT_S = 2  # a grid that cannot be resident traps after this (never hangs)

@@ -42,7 +42,8 @@ def setup(p):
                         "collectives, else 1)")
     p.add_argument("--timeline", action="store_true",
                    help="profiling build: print each kernel's time per op (last launch; "
-                        "fusionc.runtime.timeline)")
+                        "fusionc.runtime.timeline); profiles the cost model's choice, not a "
+                        "stored autotuned one")
 
     def run(args):
         return run_main(args)

@@ -28,6 +28,11 @@ class Device:
     cta_l2_bandwidth: float = 100e9   # one CTA reading partials from L2, bytes/s (estimate)
     grid_reduce_s: float = 2e-6      # fence + atomic arrival + tail latency (estimate)
 
+    def resident(self, grid: int, size: int) -> bool:
+        """Whether ``grid`` clusters of ``size`` CTAs are all resident at once even at one CTA
+        per SM (``resident_clusters``): what kernels whose CTAs wait for each other need."""
+        return grid <= self.resident_clusters.get(size, 0)
+
     def collective_time(self, size: int, payload: int) -> float:
         """Seconds for one collective over ``payload`` bytes per CTA (log-linear interpolation
         of the anchor table; 0 for a cluster of one)."""

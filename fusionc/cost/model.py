@@ -5,7 +5,8 @@ Per-op costs come from each op's registry entry (``OpDef.cost(op, env)``, per CT
 cluster size in ``env["C"]`` and the KV length in ``env["S"]``). The kernel estimate is
     waves · (bytes / grid) · resident clusters / (copy bandwidth · efficiency)
     + waves · Σ collectives · anchor latency(C, payload)
-    + Σ grid_reduce tails (the last CTA reads every cluster's partial window alone) + launch,
+    + Σ grid_reduce tails (the last CTA reads every cluster's partial window alone; on resident
+      grids every contributor reads one window's worth, codegen's parallel sum) + launch,
 with efficiency = min(1, bytes in flight on the chip / (memory latency · bandwidth)) (Little's
 law: resident CTAs × threads × loads in flight per thread): a partial last wave costs a whole
 wave, and a grid with too few resident threads reaches only part of the bandwidth —
@@ -67,10 +68,10 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
             coll_s += device.collective_time(size, op.operands[0].type.nbytes(env))
         if op.name == "grid_barrier":
             coll_s += device.grid_reduce_s
-        if op.name == "grid_reduce":  # the last-arriving CTA sums every contribution alone,
-            window = op.operands[1].type.numel(env) * 4  # or all share it (resident grids)
-            share = size if grid <= device.resident_clusters.get(size, 0) else 1 / grid
-            coll_s += window / (share * device.cta_l2_bandwidth) + device.grid_reduce_s
+        if op.name == "grid_reduce":  # the last-arriving CTA reads every contribution alone
+            window = op.operands[1].type.numel(env) * 4  # (grid windows); on resident grids
+            reads = window if device.resident(grid, size) else grid * window  # each reads one
+            coll_s += reads / device.cta_l2_bandwidth + device.grid_reduce_s
     resident = device.resident_clusters.get(size, device.sms // size) * \
         ctas_per_sm(k, device, smem)
     waves = math.ceil(grid / resident)

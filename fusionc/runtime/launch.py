@@ -65,7 +65,7 @@ def _check_resident(src) -> None:
     sms = _sm_count()
     if sms is not None and sms < 132:
         raise DeviceError(f"{src.name} keeps {src.blocks} CTAs resident at once (grid "
-                          f"barrier) but this GPU has {sms} SMs",
+                          f"barrier or parallel grid_reduce) but this GPU has {sms} SMs",
                           valid="an H200 or H100 SXM (132 SMs) for kernels with a grid barrier, "
                                 "or CodegenOptions(grid_reduce_parallel=0)")
 

@@ -35,9 +35,11 @@ def stamps(source, counters: np.ndarray) -> list[Stamp]:
     if not n:
         return []
     words = np.ascontiguousarray(counters[source.stamp_base:source.stamp_base + 2 * n * ctas])
-    t = words.view(np.uint64).reshape(ctas, n).astype(np.float64)
-    t[t == 0] = np.nan
-    t = (t - np.nanmin(t[:, 0])) / 1e3
+    raw = words.view(np.uint64).reshape(ctas, n)
+    stored = raw != 0
+    t0 = raw[:, 0][stored[:, 0]].min()  # ns since the epoch: subtract in integers first
+    t = np.where(stored, (raw - t0).astype(np.int64), 0).astype(np.float64) / 1e3
+    t[~stored] = np.nan
     last_seen = t[:, 0].copy()
     out = []
     for k, label in enumerate(source.stamps):

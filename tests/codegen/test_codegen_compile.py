@@ -97,14 +97,26 @@ def test_attention_kernel_compiles_without_spills(kw):
 @pytest.mark.parametrize("kw,opts,stream", [
     (dict(), {}, True), (dict(head_dim=72, dtype="f32"), {}, False),
     (dict(head_dim=256, dtype="f32"), {}, False), (dict(group=16), {}, False),
-    (dict(group=8, dtype="bf16"), {}, True), (dict(), dict(attn_stream=0), False)])
+    (dict(group=8, dtype="bf16"), {}, False), (dict(group=8, dtype="f32"), {}, True),
+    (dict(group=4, dtype="bf16", threads=256), {}, True),
+    (dict(group=8, dtype="f32", threads=256), {}, True), (dict(), dict(attn_stream=0), False)])
 def test_attention_streamed_or_staged(kw, opts, stream):
-    src = compiled(P.attention_kernel(**kw), **opts).source.source
+    """The streamed path where its registers fit (no spills at 256 threads, two CTAs per SM),
+    the staged one elsewhere."""
+    kw = dict(kw)
+    threads = kw.pop("threads", None)
+    text = P.attention_kernel(**kw)
+    if threads:
+        text = text.replace("threads = 128", f"threads = {threads}")
+        assert f"threads = {threads}" in text
+    src = compiled(text, **opts).source.source
     assert ("fc_attn_partial_stream<FC_THREADS" in src) == stream
     assert ("fc_attn_partial<FC_THREADS" in src) == (not stream)
     g = kw.get("group", 2)  # prefetching below 4 query heads per KV head; 4 or 2 tokens
     if stream:
         assert f"{kw.get('head_dim', 128)}, {4 if g < 4 else 2}, {str(g < 4).lower()}>(" in src
+        if threads:
+            assert "__launch_bounds__(256, 2)" in src
 
 
 def test_grid_reduce_kernels_compile():
@@ -119,6 +131,14 @@ def test_grid_reduce_kernels_compile():
     assert "fc_grid_sync_thread0(fc_counters + 0, fc_counters + 0 + 1, 12u" in ck.source.source
     ck = compiled(P.oproj_kernel(4, 31, 64, 64))  # 31 clusters of 4 may not be resident
     assert ck.source.counters == 4 and not ck.source.resident
+
+
+@pytest.mark.parametrize("heads,block", [(2, True), (8, False)])
+def test_rms_norm_by_cta_or_by_warp(heads, block):
+    """max_batch 4 x heads rows over 4 warps: the whole CTA per row up to 8 rows."""
+    src = compiled(P.graph_ops_kernel(heads=heads), verify=False).source.source
+    assert ("float* const fc_red" in src) == block  # the CTA's warp sums
+    assert ("row += FC_THREADS / 32" in src) == (not block)
 
 
 def test_graph_ops_in_a_kernel_compile():

@@ -248,3 +248,17 @@ def test_mlp_batch_16_fits_with_split_k():
         CHECK: silu_mul
         CHECK: grid_reduce
     """)
+
+
+def test_mlp_configs_keep_the_down_projection_in_16_byte_vectors():
+    """Llama-2-7B's intermediate 11008 = 2^8 x 43: 64 clusters (172 columns each) would leave
+    the down projection on scalar loads; the cost model sees only aligned configurations, and
+    a size fixed by the user still gets every one."""
+    from fusionc.lower.stages import find_stages
+    from fusionc.passes.partition_cluster import PartitionCluster
+    m = example("llama2_7b", hidden=4096, intermediate=11008)
+    (st,) = find_stages(m["mlp"])
+    cfgs = PartitionCluster(max_batch=1).configs(st)
+    assert cfgs and all((11008 // grid) % 8 == 0 for _, grid, _ in cfgs)
+    assert (2, 64, "splitn") not in cfgs
+    assert (2, 64, "splitn") in PartitionCluster(size=2, max_batch=1).configs(st)

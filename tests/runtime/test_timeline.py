@@ -39,14 +39,15 @@ def test_reader_first_median_last_and_op_time():
     src = _source(P.grid_sum(4, 3, 100), timeline=True)
     n, ctas = len(src.stamps), src.blocks
     t = np.zeros((ctas, n), np.uint64)
-    for c in range(ctas):  # CTA c enters at 1000 + c ns, each later slot 2 µs after the last
-        t[c] = 1000 + c + 2000 * np.arange(n)
+    epoch = np.uint64(1_764_470_000_000_000_000)  # %globaltimer: ns since 1970 (float64 steps
+    for c in range(ctas):  # of 256 ns there); CTA c enters at + c ns, later slots 2.096 µs apart
+        t[c] = epoch + np.uint64(c) + np.uint64(2096) * np.arange(n, dtype=np.uint64)
     t[ctas - 1, 1:-1] = 0  # one CTA stored only entry and exit (e.g. it exited early)
     counters = np.zeros(src.counters, np.uint32)
     counters[src.stamp_base:] = t.reshape(-1).view(np.uint32)
     rows = timeline.stamps(src, counters)
     assert rows[0].label == "entry" and rows[0].first == 0.0
-    assert rows[0].last == pytest.approx((ctas - 1) / 1e3)
-    assert rows[1].ctas == ctas - 1 and rows[1].step == pytest.approx(2.0)
+    assert rows[0].last == (ctas - 1) / 1e3  # exact to the ns
+    assert rows[1].ctas == ctas - 1 and rows[1].step == 2.096
     assert rows[-1].label == "exit" and rows[-1].ctas == ctas
     assert "op µs" in timeline.table(rows)

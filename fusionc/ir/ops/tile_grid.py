@@ -5,7 +5,9 @@
     starts from ``init`` (e.g. the residual; every contributing CTA passes the same values) or 0,
     adds the contributions in fp32 in CTA order (cluster-major), is rounded once and overwrites
     the output — deterministic: codegen has every CTA write its partial to a workspace slot and
-    the last CTA to arrive at a window add the slots in this order (DESIGN §5). Used for the
+    the last CTA to arrive at a window add the slots in this order (DESIGN §5), or, where the
+    whole grid is resident, all contributors meet at a grid barrier and each adds a share of
+    the elements in the same order (``CodegenOptions.grid_reduce_parallel``). Used for the
     output projections summed over heads or over the intermediate dimension; the fused result is
     rounded once where the graph rounds the projection and the residual add separately.
 ``grid_barrier()``
@@ -97,10 +99,10 @@ def _verify_grid_barrier(op, graph, module):
              "(its sums are complete only at the kernel's end)")
     from fusionc.cost.h200 import H200   # clusters resident at once, measured (ANCHORS.md)
     grid, size = graph.attr("grid"), graph.attr("cluster")
-    resident = H200.resident_clusters.get(size, 0)
-    if grid > resident:
+    if not H200.resident(grid, size):
         fail(op, f"a grid of {grid} clusters of {size} CTAs with a grid barrier",
-             f"at most {resident} clusters of {size} (all resident at once, one CTA per SM)")
+             f"at most {H200.resident_clusters.get(size, 0)} clusters of {size} (all resident "
+             "at once, one CTA per SM)")
 
 
 def _cost_grid_barrier(op, env):

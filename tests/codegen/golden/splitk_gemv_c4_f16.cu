@@ -344,10 +344,11 @@ __device__ __forceinline__ void fc_gemv(const TX* __restrict__ x, int M, int K,
 // columns 2t, 2t + 1, 2t + 8, 2t + 9 <- vector elements 4h .. 4h + 3 of half h), and a sum over
 // k does not depend on the order; so weights go from global memory straight into the A
 // fragments, without shared memory, ldmatrix or shuffles, and x's B fragment is one 16-byte
-// load per lane and k-step. Strips are spread over the warps; with fewer strips than warps the
-// warps also split K (KP parts) and add their partial sums into y with shared-memory atomics
-// after zeroing it. With MASKED, weight vectors outside the [n_w, k_w] tensor count as 0 (a
-// vector is wholly inside or outside: codegen checks K % 8 == 0 and the column alignment).
+// load per lane and k-step. Strips are spread over the warps; with at most half as many strips
+// as warps, two warps split K per strip and add their partial sums into y with shared-memory
+// atomics after zeroing it (two addends onto 0: the same bits in either order). With MASKED,
+// weight vectors outside the [n_w, k_w] tensor count as 0 (a vector is wholly inside or
+// outside: codegen checks K % 8 == 0 and the column alignment).
 template <int NT, int U, int NB, bool PIPE, bool MASKED, bool NC, typename T>
 __device__ __forceinline__ void fc_gemv_mma(const T* __restrict__ x, int M, int K,
                                             const T* __restrict__ w, long long ldw, int n_w,
@@ -356,8 +357,8 @@ __device__ __forceinline__ void fc_gemv_mma(const T* __restrict__ x, int M, int 
   constexpr int NW = NT / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int strips = (rows + 15) / 16, kc = K / 8, steps = (kc + 3) / 4;
-  int kp = 1;  // K parts per strip (warp-uniform)
-  while (2 * kp * strips <= NW && 2 * kp <= steps) kp *= 2;
+  const int kp = strips * 2 <= NW && steps >= 2 ? 2 : 1;  // K parts per strip (warp-uniform):
+  // at most 2, so the atomic sums 0 + a + b are exact in either order (deterministic)
   const int per_part = (steps + kp - 1) / kp, nblk = (per_part + U - 1) / U;
   const int items = strips * kp, mine = warp < items ? (items - warp + NW - 1) / NW : 0;
   const int total = mine * nblk;  // (item, block of U k-steps) pairs of this warp, in order
