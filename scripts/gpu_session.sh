@@ -4,7 +4,9 @@
 #   FUSIONC_CACHE_DIR=.fcache python -m tests.gpu.precompile
 #   FUSIONC_CACHE_DIR=.fcache python benchmarks/attention_block.py --compile-only
 # then on the GPU machine (carry .whl and .fcache):
-#   bash scripts/gpu_session.sh [tests|bench|decode|all] [pytest or decode.py args...]
+#   bash scripts/gpu_session.sh [tests|bench|bench-full|decode|all] [pytest or decode.py args...]
+# bench: batch 1, KV 4096, no torch.compile (minutes); bench-full: issue 8's tables (every
+# point, torch.compile in the same run; ~4 min on an H200).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
@@ -18,6 +20,10 @@ fi
 if [[ $what == bench || $what == all ]]; then
   python3 benchmarks/attention_block.py ${BENCH_ARGS:---quick --no-torch-compile} 2>&1 | tee "$out/bench_attention.log" | tail -8
   python3 benchmarks/mlp_block.py ${BENCH_ARGS:---quick --no-torch-compile} 2>&1 | tee "$out/bench_mlp.log" | tail -8
+fi
+if [[ $what == bench-full ]]; then
+  python3 benchmarks/attention_block.py 2>&1 | tee "$out/bench_attention.log" | tail -20
+  python3 benchmarks/mlp_block.py 2>&1 | tee "$out/bench_mlp.log" | tail -8
 fi
 if [[ $what == decode ]]; then
   python3 benchmarks/decode.py "$@" 2>&1 | tee "$out/bench_decode.log" | tail -30
