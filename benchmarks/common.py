@@ -124,8 +124,7 @@ def parse_args(doc: str, extra=None):
                     help="autotune fusionc's choices on the GPU first (stored, reused later); "
                          "with --compile-only, compile every candidate")
     ap.add_argument("--no-fusionc", action="store_true", help="baselines only")
-    ap.add_argument("--batch", type=lambda t: tuple(int(b) for b in t.split(",")),
-                    help="only these batch sizes (comma-separated)")
+    ap.add_argument("--batch", type=batch_list, help="only these batch sizes (comma-separated)")
     ap.add_argument("--codegen", type=codegen_options, default=None, metavar="K=V,...",
                     help="fusionc's CodegenOptions, e.g. gemv_mma_batch=0,load_batch=4")
     ap.add_argument("--alt", type=codegen_options, default=None, metavar="K=V,...",
@@ -134,12 +133,24 @@ def parse_args(doc: str, extra=None):
 
 
 def codegen_options(spec: str):
-    """``CodegenOptions`` from ``"name=int,name=int"`` (argparse type)."""
+    """``CodegenOptions`` from ``"name=int,name=int"`` (argparse type; see
+    ``fusionc.codegen.context.parse_codegen_options``)."""
     import argparse
-    from fusionc.codegen import CodegenOptions
+    from fusionc.codegen.context import parse_codegen_options
     from fusionc.errors import FusionError
     try:
-        kw = {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
-        return CodegenOptions(**kw)
-    except (ValueError, TypeError, FusionError) as e:
-        raise argparse.ArgumentTypeError(f"{spec!r}: {e}") from None
+        return parse_codegen_options(spec)
+    except FusionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def batch_list(text: str) -> tuple[int, ...]:
+    """``"1,4,16"`` -> (1, 4, 16) (argparse type)."""
+    import argparse
+    try:
+        out = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: batch sizes >= 1, comma-separated")
+    return out

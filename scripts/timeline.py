@@ -3,9 +3,9 @@ CodegenOptions(timeline=True), launch it on random inputs with every KV row at f
 and print each kernel's time stamps (fusionc.runtime.timeline). GPU only.
 
     python3 scripts/timeline.py examples/llama2_7b.py --graph mlp --batch 16
-    python3 scripts/timeline.py examples/deepseek_v2_lite.py --batch 1 --kv 4096 \\
+    python3 scripts/timeline.py examples/deepseek_v2_lite.py --batch 1 --kv-len 4096 \\
         --codegen load_batch=4
-    python3 scripts/timeline.py ... --compile-only      # CPU: fill the cubin cache
+    python3 scripts/timeline.py ... --compile-only      # CPU: fill the cubin cache (no torch)
 """
 from __future__ import annotations
 
@@ -59,18 +59,24 @@ if __name__ == "__main__":
     ap.add_argument("source", help="an example DSL file")
     ap.add_argument("--graph", help="the graph (default: the first)")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--kv", type=int, default=4096)
-    from benchmarks.common import codegen_options
+    ap.add_argument("--kv-len", type=int, default=4096, help="KV length (every row full)")
+    def codegen_options(spec):
+        from fusionc.codegen.context import parse_codegen_options
+        from fusionc.errors import FusionError
+        try:
+            return parse_codegen_options(spec)
+        except FusionError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     ap.add_argument("--codegen", type=codegen_options, metavar="K=V,...",
                     help="more CodegenOptions, e.g. load_batch=4,gemv_mma_batch=0")
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()
     from fusionc.errors import FusionError
     try:
-        graph, compiled = build(a.source, a.graph, a.batch, a.kv, a.codegen)
+        graph, compiled = build(a.source, a.graph, a.batch, a.kv_len, a.codegen)
     except FusionError as e:
         sys.exit(f"timeline: {e}")
     if a.compile_only:
         print(compiled.report())
     else:
-        run(graph, compiled, a.batch, a.kv)
+        run(graph, compiled, a.batch, a.kv_len)

@@ -76,6 +76,32 @@ class CodegenOptions:
                                    valid=f"an integer from {lo} to {hi}")
 
 
+def parse_codegen_options(spec: str) -> CodegenOptions:
+    """``CodegenOptions`` from ``"name=int,name=int"`` (e.g. ``"gemv_mma_batch=0,load_batch=4"``),
+    as the benchmarks' and scripts' ``--codegen`` flags take them.
+
+    Raises:
+        CompileError: an unknown name (the valid ones listed), a missing ``=`` or a
+            non-integer value, or a value out of range.
+    """
+    from dataclasses import fields
+
+    from fusionc.errors import CompileError
+    names = [f.name for f in fields(CodegenOptions)]
+    kw = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, eq, value = item.partition("=")
+        if not eq or name.strip() not in names:
+            raise CompileError(f"codegen option {item!r}", op="codegen",
+                               valid="NAME=INTEGER with NAME one of " + ", ".join(names))
+        try:
+            kw[name.strip()] = int(value)
+        except ValueError:
+            raise CompileError(f"codegen option {item!r}: {value!r} is not an integer",
+                               op="codegen", valid="NAME=INTEGER") from None
+    return CodegenOptions(**kw)
+
+
 _RANGES = (("gemv_unroll", 0, 32), ("gemv_mma_batch", 0, 1 << 20), ("gemv_mma_pipeline", 0, 2),
            ("attn_stream", 0, 2), ("grid_reduce_parallel", 0, 1), ("load_batch", 1, 16))
 

@@ -9,7 +9,7 @@ from fusionc.cli import command
 
 _EPILOG = """\
 writes into DIR:
-  <graph>.0-input.fir, <graph>.1-partition-cluster.fir, ...   the IR after each pass
+  <graph>.0-input.fir, <graph>.1-fuse-allreduce-norm.fir, ...  the IR after each pass
   <kernel>.cu, <kernel>.cubin                                 CUDA source and sm_90a cubin
 and prints per kernel: grid, cluster size, threads, registers, shared memory, spills; then the
 simulator check: the lowered module run by the tile-IR simulator on random inputs against the

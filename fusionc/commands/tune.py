@@ -25,6 +25,9 @@ def setup(p):
         if "max_seq" in build_parameters(args.source):
             sizes.setdefault("max_seq", args.kv_len)
         module = load(args.source, sizes)
+        if args.graph is not None and args.graph not in module.names:
+            from fusionc.errors import DSLError
+            raise DSLError(f"no graph named '{args.graph}'", valid=", ".join(module.names))
         for g in module.graphs:
             if g.kind != "graph" or args.graph not in (None, g.name):
                 continue

@@ -116,3 +116,20 @@ def test_codegen_options_out_of_range_are_named(kw):
     with pytest.raises(CompileError, match=f"CodegenOptions.{name} = {value!r}.*valid: an "
                                            "integer from"):
         CodegenOptions(**kw)
+
+
+@pytest.mark.parametrize("spec,fragment", [
+    ("bogus=1", "NAME one of delay, gemv_unroll"), ("attn_stream", "NAME=INTEGER"),
+    ("attn_stream=x", "'x' is not an integer"), ("attn_stream=7", "from 0 to 2")])
+def test_codegen_option_strings_are_checked(spec, fragment):
+    from fusionc.codegen.context import parse_codegen_options
+    from fusionc.errors import CompileError
+    with pytest.raises(CompileError, match=fragment):
+        parse_codegen_options(spec)
+
+
+def test_codegen_option_strings_parse():
+    from fusionc.codegen import CodegenOptions
+    from fusionc.codegen.context import parse_codegen_options
+    assert parse_codegen_options(" gemv_mma_batch=0, load_batch=4,") == CodegenOptions(
+        gemv_mma_batch=0, load_batch=4)

@@ -52,6 +52,7 @@ def test_bad_arguments(capsys, tmp_path):
     cases = [(["ir", path, "-D", "size=3"], "has no size 'size' (valid: hidden)"),
              (["ir", path, "-D", "hidden"], "bad -D 'hidden'"),
              (["ir", path, "--graph", "x"], "no graph named 'x'"),
+             (["tune", path, "--graph", "x", "--compile-only"], "no graph named 'x'"),
              (["ir", str(tmp_path / "missing.py")], "no such file"),
              (["ir", str(tmp_path / "missing.fir")], "cannot read")]
     for argv, fragment in cases:
