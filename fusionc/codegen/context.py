@@ -35,6 +35,10 @@ class CodegenOptions:
             ones are used when G < 4 (``stream_pipelined``); 1: streamed without the
             prefetch; 0: the shared-memory staged path (a thread per (query head, token))
             everywhere.
+        attn_tokens: tokens per block of a lane group in the streamed attention (K and V
+            loads in flight per lane: twice that); 0: 4, or 2 from 4 query heads per KV head
+            (``ops_attention.stream_tokens``: 128 registers at two CTAs per SM). Kernels at
+            one CTA per SM have registers for 8 (not yet measured).
         grid_reduce_parallel: 1: where the whole grid is resident on an H200 (at most
             ``H200.resident_clusters[cluster]`` clusters), grid_reduce's contributors meet at a
             grid barrier and each sums a share of the output (the same sums in the same order
@@ -62,6 +66,7 @@ class CodegenOptions:
     gemv_mma_batch: int = 4
     gemv_mma_pipeline: int = 1
     attn_stream: int = 2
+    attn_tokens: int = 0
     grid_reduce_parallel: int = 1
     pdl: bool = False
     timeline: bool = False
@@ -103,7 +108,8 @@ def parse_codegen_options(spec: str) -> CodegenOptions:
 
 
 _RANGES = (("gemv_unroll", 0, 32), ("gemv_mma_batch", 0, 1 << 20), ("gemv_mma_pipeline", 0, 2),
-           ("attn_stream", 0, 2), ("grid_reduce_parallel", 0, 1), ("load_batch", 1, 16))
+           ("attn_stream", 0, 2), ("attn_tokens", 0, 16), ("grid_reduce_parallel", 0, 1),
+           ("load_batch", 1, 16))
 
 
 @dataclass

@@ -119,6 +119,11 @@ def test_attention_streamed_or_staged(kw, opts, stream):
             assert "__launch_bounds__(256, 2)" in src
 
 
+def test_attention_tokens_per_block_option():
+    src = compiled(P.attention_kernel(group=4), attn_tokens=8).source.source
+    assert "fc_attn_partial_stream<FC_THREADS, 4, 128, 8, false>(" in src
+
+
 def test_grid_reduce_kernels_compile():
     ck = compiled(P.grid_sum(4, 3, 100), grid_reduce_parallel=0)
     assert [p.kind for p in ck.source.params][-2:] == ["workspace", "counters"]
