@@ -125,23 +125,12 @@ def parse_args(doc: str, extra=None):
                          "with --compile-only, compile every candidate")
     ap.add_argument("--no-fusionc", action="store_true", help="baselines only")
     ap.add_argument("--batch", type=batch_list, help="only these batch sizes (comma-separated)")
-    ap.add_argument("--codegen", type=codegen_options, default=None, metavar="K=V,...",
+    from fusionc.commands.compile import codegen_options_arg
+    ap.add_argument("--codegen", type=codegen_options_arg, default=None, metavar="K=V,...",
                     help="fusionc's CodegenOptions, e.g. gemv_mma_batch=0,load_batch=4")
-    ap.add_argument("--alt", type=codegen_options, default=None, metavar="K=V,...",
+    ap.add_argument("--alt", type=codegen_options_arg, default=None, metavar="K=V,...",
                     help="also time fusionc built with these CodegenOptions (column alt_us)")
     return ap.parse_args()
-
-
-def codegen_options(spec: str):
-    """``CodegenOptions`` from ``"name=int,name=int"`` (argparse type; see
-    ``fusionc.codegen.context.parse_codegen_options``)."""
-    import argparse
-    from fusionc.codegen.context import parse_codegen_options
-    from fusionc.errors import FusionError
-    try:
-        return parse_codegen_options(spec)
-    except FusionError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def batch_list(text: str) -> tuple[int, ...]:

@@ -60,14 +60,8 @@ if __name__ == "__main__":
     ap.add_argument("--graph", help="the graph (default: the first)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--kv-len", type=int, default=4096, help="KV length (every row full)")
-    def codegen_options(spec):
-        from fusionc.codegen.context import parse_codegen_options
-        from fusionc.errors import FusionError
-        try:
-            return parse_codegen_options(spec)
-        except FusionError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    ap.add_argument("--codegen", type=codegen_options, metavar="K=V,...",
+    from fusionc.commands.compile import codegen_options_arg
+    ap.add_argument("--codegen", type=codegen_options_arg, metavar="K=V,...",
                     help="more CodegenOptions, e.g. load_batch=4,gemv_mma_batch=0")
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()

@@ -135,6 +135,7 @@ class EmitCtx:
     workspace: Workspace = field(default_factory=Workspace)
     stamps: list[str] = field(default_factory=list)  # timeline slot labels, in slot order
     resident: bool = False  # the code needs the whole grid resident at once (grid barriers)
+    blocks: int = 1  # CTAs per SM the kernel is built for (__launch_bounds__, generate.py)
     _uid: int = 0
 
     @property

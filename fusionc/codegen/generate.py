@@ -53,7 +53,8 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
     ops = flatten(kernel)
     plan = plan_smem(kernel, lambda op: emitters.scratch_bytes(op, kernel), emitters.is_view)
     checks.check_smem(kernel, plan)
-    ctx = EmitCtx(kernel, plan, options, {id(op): i for i, op in enumerate(ops)})
+    ctx = EmitCtx(kernel, plan, options, {id(op): i for i, op in enumerate(ops)},
+                  blocks=min_blocks(kernel, plan.total))
     layout = _make_refs(ctx)
     entry = ctx.stamp("entry")
     body = emit_body(ctx)
@@ -74,7 +75,7 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
         libs=libs.render_libs(ctx.libs, delay=options.delay), decls=ctx.decls,
         cluster_dims=1 < ctx.cluster <= 8, name=name,
         params=[p.decl for p in params] or ["void"], layout=layout, body=body,
-        min_blocks=min_blocks(kernel, plan.total),
+        min_blocks=ctx.blocks,
         pdl=prologue(ctx), pdl_end=trigger(ctx), entry=entry, exit=exit_, stamps=ctx.stamps,
         stamp_base=stamp_base) + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=ctx.grid,

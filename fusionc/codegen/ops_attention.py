@@ -32,11 +32,16 @@ def streamed(op, threads: int) -> bool:
     outputs of the G query heads take at most 2 x 32 registers per lane (G <= 4 for 16-bit
     caches, G <= 8 for f32): with more, a 256-thread CTA at two CTAs per SM (128 registers)
     spills."""
-    g, d = op.operands[0].type.shape[1:]
-    ve = 16 // op.operands[1].type.dtype.itemsize
-    lanes = d // ve if d % ve == 0 else 0
+    g = op.operands[0].type.shape[1]
+    ve, lanes = 16 // op.operands[1].type.dtype.itemsize, _lanes(op)
     return 0 < lanes <= 32 and lanes & (lanes - 1) == 0 and g * ve <= STREAM_MAX_REGS \
         and threads % lanes == 0
+
+
+def _lanes(op) -> int:
+    """Lanes per token in the streamed path: head_dim in 16-byte vectors (0 if not whole)."""
+    d, isz = op.operands[0].type.shape[2], op.operands[1].type.dtype.itemsize
+    return d * isz // 16 if (d * isz) % 16 == 0 else 0
 
 
 def stream_tokens(g: int) -> int:
@@ -58,9 +63,8 @@ def attn_scratch(op, kernel) -> int:
     lib/attention). Both paths are sized; the larger is reserved, so that the layout does not
     depend on the codegen options."""
     g, d = op.operands[0].type.shape[1:]
-    isz = op.operands[1].type.dtype.itemsize
     threads = kernel.attr("threads")
-    stream = (threads // (d * isz // 16)) * g * (d + 2) * 4 if streamed(op, threads) else 0
+    stream = (threads // _lanes(op)) * g * (d + 2) * 4 if streamed(op, threads) else 0
     return max(stream, _staged_scratch(op))
 
 

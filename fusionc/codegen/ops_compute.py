@@ -47,7 +47,7 @@ def mma_plan(x, w, plan: dict, mch: int, options, blocks: int = 1) -> dict | Non
     """The tensor-core gemv's choices (templates/lib/gemv_mma.cuh.j2), or None where it does
     not apply: x and w of one 16-bit dtype, 16-byte weight vectors, and at least
     ``options.gemv_mma_batch`` batch rows per weight read (0 turns tensor cores off).
-    ``blocks``: CTAs per SM the kernel is built for (``codegen.generate.min_blocks``)."""
+    ``blocks``: CTAs per SM the kernel is built for (``EmitCtx.blocks``)."""
     on = options.gemv_mma_batch and mch >= options.gemv_mma_batch
     if not (on and plan["vec"] and w.dtype == x.dtype and w.itemsize == 2):
         return None
@@ -67,8 +67,7 @@ def emit_gemv(op, ctx) -> str:
     lead = x.shape[:-1]
     mch = max(1, min(cnames.max_product(lead, ctx.max_batch), MAX_BATCH_REGS))
     plan = gemv_plan(op, x, w, ctx.options.gemv_unroll or auto_unroll(mch))
-    from fusionc.codegen.generate import min_blocks
-    mma = mma_plan(x, w, plan, mch, ctx.options, min_blocks(ctx.kernel, ctx.plan.total))
+    mma = mma_plan(x, w, plan, mch, ctx.options, ctx.blocks)
     b = lambda v: "true" if v else "false"  # noqa: E731
     common = dict(
         x=x.ptr, M=cnames.product(lead), K=x.shape[-1], w=w.ptr, ldw=cnames.dim(w.shape[-1]),

@@ -31,8 +31,7 @@ def emit_grid_reduce(op, ctx) -> str:
     first = [0]
     for m in plan.members:
         first.append(first[-1] + len(m))
-    index = [m.index(g) if w >= 0 else -1 for g, w in enumerate(plan.window)
-             for m in [plan.members[w] if w >= 0 else ()]]
+    index = [plan.members[w].index(g) if w >= 0 else -1 for g, w in enumerate(plan.window)]
     ctx.decls += [f"// grid_reduce at {op.loc}: {len(plan.members)} output window(s)",
                   _table(f"{tab}_window", plan.window), _table(f"{tab}_first", first),
                   _table(f"{tab}_members", [g for m in plan.members for g in m]),

@@ -142,6 +142,17 @@ def positive_int(text: str) -> int:
     return n
 
 
+def codegen_options_arg(spec: str):
+    """argparse type: ``CodegenOptions`` from ``"name=int,..."``
+    (``fusionc.codegen.context.parse_codegen_options``), its error as the usage message."""
+    from fusionc.codegen.context import parse_codegen_options
+    from fusionc.errors import FusionError
+    try:
+        return parse_codegen_options(spec)
+    except FusionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def simulator_check(g, lowered, batch: int = 2, seed: int = 0) -> str:
     """Run the lowered module in the simulator and the graph in the interpreter on the same
     random inputs; one line with the relative error of each output."""
