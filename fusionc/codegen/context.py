@@ -36,9 +36,9 @@ class CodegenOptions:
             prefetch; 0: the shared-memory staged path (a thread per (query head, token))
             everywhere.
         attn_tokens: tokens per block of a lane group in the streamed attention (K and V
-            loads in flight per lane: twice that); 0: 4, or 2 from 4 query heads per KV head
-            (``ops_attention.stream_tokens``: 128 registers at two CTAs per SM). Kernels at
-            one CTA per SM have registers for 8 (not yet measured).
+            loads in flight per lane: twice that); 0: by the kernel's occupancy
+            (``ops_attention.stream_tokens``): 8 at one CTA per SM, else 4, or 2 from 8 query
+            heads per KV head (128 registers at two CTAs per SM).
         grid_reduce_parallel: 1: where the whole grid is resident on an H200 (at most
             ``H200.resident_clusters[cluster]`` clusters), grid_reduce's contributors meet at a
             grid barrier and each sums a share of the output (the same sums in the same order

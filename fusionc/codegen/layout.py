@@ -3,8 +3,11 @@ op's scratch space gets a byte offset in the CTA's dynamic shared memory.
 
 Rules:
 - kernel parameters live in global memory and get no space;
-- ``smem_alloc`` buffers live for the whole kernel (peers may read them until a later cluster
-  barrier, and the IR does not say which one);
+- ``smem_alloc`` buffers (which peers read over DSM: cluster_reduce, cluster_gather; no op
+  writes a peer's shared memory) live from their ``smem_alloc`` to the first top-level
+  ``cluster_barrier`` after their last use, when that op and every use are top-level ops: every
+  peer has finished reading before it arrives there. Otherwise (a use inside a region, no
+  barrier after) they live for the whole kernel;
 - other values live from their defining op to their last use (program order, regions
   flattened), so two values whose live ranges do not overlap may share bytes;
 - a view op (``reshape``) shares its operand's space and extends its live range;
@@ -80,6 +83,7 @@ def plan_smem(kernel: Graph, scratch_bytes, is_view) -> SmemPlan:
         if is_view(op) and op.operands:
             plan.aliases[op.result.name] = op.operands[0].name
     groups: dict[str, Interval] = {}
+    buffer_end = _buffer_ends(kernel, ops, plan)
     for i, op in enumerate(ops):
         for r in op.results:
             root = plan.root(r.name)
@@ -87,7 +91,9 @@ def plan_smem(kernel: Graph, scratch_bytes, is_view) -> SmemPlan:
                 continue
             size = _round_up(r.type.nbytes({d: mb for d in r.type.shape if isinstance(d, str)}))
             if op.name == "smem_alloc":
-                groups[root] = Interval(root, size, 0, len(ops), "buffer")
+                end = buffer_end.get(root)
+                groups[root] = (Interval(root, size, i, end, "dsm buffer") if end is not None
+                                else Interval(root, size, 0, len(ops), "buffer"))
             else:
                 groups[root] = Interval(root, size, i, max(i, last.get(r.name, i)))
         n = scratch_bytes(op)
@@ -107,6 +113,30 @@ def plan_smem(kernel: Graph, scratch_bytes, is_view) -> SmemPlan:
     plan.intervals = sorted(groups.values(), key=lambda iv: (iv.offset, iv.start))
     plan.total = max((iv.offset + iv.size for iv in groups.values()), default=0)
     return plan
+
+
+def _buffer_ends(kernel: Graph, ops: list[Op], plan: SmemPlan) -> dict[str, int]:
+    """Index of the top-level ``cluster_barrier`` that frees each ``smem_alloc`` buffer whose
+    allocation and uses (views included) are all top-level ops; buffers not in the result live
+    for the whole kernel."""
+    top = {id(op) for op in kernel.body}
+    barriers = [i for i, op in enumerate(ops) if op.name == "cluster_barrier" and id(op) in top]
+    users: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        for r in op.results:
+            if op.name == "smem_alloc":
+                users[r.name] = [i]
+        for v in op.operands:
+            root = plan.root(v.name)
+            if root in users:
+                users[root].append(i)
+    ends = {}
+    for name, idx in users.items():
+        if all(id(ops[i]) in top for i in idx):
+            after = [b for b in barriers if b > max(idx)]
+            if after:
+                ends[name] = after[0]
+    return ends
 
 
 def _def_and_last_use(ops: list[Op]) -> tuple[dict[str, int], dict[str, int]]:

@@ -57,10 +57,12 @@ def emit_grid_reduce(op, ctx) -> str:
 
 def parallel_reduce(ctx) -> bool:
     """Whether grid_reduce sums in parallel over its contributors (CodegenOptions.
-    grid_reduce_parallel): only where the whole grid is resident on an H200 at one CTA per SM
-    (``H200.resident_clusters``), since contributors wait for each other."""
+    grid_reduce_parallel): only where the whole grid is resident on an H200 at the kernel's CTAs
+    per SM (``H200.resident`` with ``ctx.blocks``, the ``__launch_bounds__`` occupancy), since
+    contributors wait for each other."""
     from fusionc.cost.h200 import H200
-    return bool(ctx.options.grid_reduce_parallel) and H200.resident(ctx.grid, ctx.cluster)
+    return bool(ctx.options.grid_reduce_parallel) and H200.resident(ctx.grid, ctx.cluster,
+                                                                   ctx.blocks)
 
 
 GRID_BARRIER_TIMEOUT_S = 2  # a grid that cannot be resident traps after this (never hangs)

@@ -28,10 +28,14 @@ class Device:
     cta_l2_bandwidth: float = 100e9   # one CTA reading partials from L2, bytes/s (estimate)
     grid_reduce_s: float = 2e-6      # fence + atomic arrival + tail latency (estimate)
 
-    def resident(self, grid: int, size: int) -> bool:
-        """Whether ``grid`` clusters of ``size`` CTAs are all resident at once even at one CTA
-        per SM (``resident_clusters``): what kernels whose CTAs wait for each other need."""
-        return grid <= self.resident_clusters.get(size, 0)
+    def resident(self, grid: int, size: int, blocks: int = 1) -> bool:
+        """Whether ``grid`` clusters of ``size`` CTAs are all resident at once, what kernels whose
+        CTAs wait for each other need. ``blocks``: CTAs per SM that the kernel's shared memory,
+        threads and ``__launch_bounds__`` registers allow; the one-CTA-per-SM placement
+        (``resident_clusters``, an occupancy query) repeated ``blocks`` times is a lower bound
+        (the load-time query ``cuOccupancyMaxActiveClusters`` confirms it:
+        ``fusionc.runtime.launch``)."""
+        return grid <= max(1, blocks) * self.resident_clusters.get(size, 0)
 
     def collective_time(self, size: int, payload: int) -> float:
         """Seconds for one collective over ``payload`` bytes per CTA (log-linear interpolation

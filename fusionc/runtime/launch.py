@@ -83,6 +83,57 @@ def _sm_count() -> int | None:
     return None
 
 
+def _launch_config(src, stream: int, query: bool = False):
+    """The ``CUlaunchConfig`` of kernel ``src`` on stream handle ``stream``: ``src.blocks`` CTAs
+    of ``src.threads`` threads, its dynamic shared memory, the cluster dimension as an attribute
+    unless the source fixes it, and programmatic stream serialization for PDL builds. ``query``:
+    for ``cuOccupancyMaxActiveClusters`` (clusters of 2 or more; it counts 0 clusters for a
+    launch without one), which takes the cluster dimension always and no PDL."""
+    cu = driver()
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = src.blocks, 1, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = src.threads, 1, 1
+    cfg.sharedMemBytes = src.smem_bytes
+    cfg.hStream = cu.CUstream(stream)
+    attrs = []
+    if src.cluster > 1 and (query or not src.cluster_dims_in_source):
+        a = cu.CUlaunchAttribute()
+        a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = src.cluster, 1, 1
+        attrs.append(a)
+    if src.pdl and not query:  # may start while the previous kernel of the stream drains
+        a = cu.CUlaunchAttribute()
+        a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        a.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(a)
+    if attrs:
+        cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+    return cfg
+
+
+def _check_occupancy(src, function) -> None:
+    """Refuse a kernel that needs its whole grid resident (grid barrier, parallel grid_reduce)
+    where the driver's occupancy query (``cuOccupancyMaxActiveClusters``: registers, shared
+    memory, threads and cluster placement of this GPU) holds fewer clusters than the grid: the
+    compiler assumed ``H200.resident`` at the kernel's CTAs per SM."""
+    if not src.resident:
+        return
+    cu = driver()
+    if src.cluster > 1:
+        n = check(cu.cuOccupancyMaxActiveClusters(function, _launch_config(src, 0, True)),
+                  f"cuOccupancyMaxActiveClusters of {src.name}")
+    else:  # no cluster launch: CTAs per SM times SMs
+        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            function, src.threads, src.smem_bytes), f"the occupancy of {src.name}")
+        sms = _sm_count()
+        n = per_sm * sms if sms is not None else src.grid  # unknown: the barrier's trap guards
+    if n < src.grid:
+        raise DeviceError(f"{src.name} needs its {src.grid} clusters of {src.cluster} resident at "
+                          f"once (grid barrier or parallel grid_reduce) but this GPU holds {n}",
+                          valid="an H200 or H100 SXM with no other work on it, or "
+                                "CodegenOptions(grid_reduce_parallel=0)")
+
+
 class LoadedKernel:
     """A compiled kernel loaded into the current context, with its global workspace.
 
@@ -111,6 +162,7 @@ class LoadedKernel:
             check(cu.cuFuncSetAttribute(
                 self.function, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
                 "allowing the non-portable cluster size 16")
+        _check_occupancy(src, self.function)
         self.workspace = cupy.zeros(max(src.workspace_floats, 1), cupy.float32)
         self.counters = cupy.zeros(max(src.counters, 1), cupy.uint32)
         cupy.cuda.Device().synchronize()  # zeroed before any stream launches the kernel
@@ -137,24 +189,7 @@ class LoadedKernel:
             v, t = self._arg(p, tensors, dims, delay)
             values.append(v)
             types.append(t)
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = src.blocks, 1, 1
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = src.threads, 1, 1
-        cfg.sharedMemBytes = src.smem_bytes
-        cfg.hStream = cu.CUstream(stream.ptr)
-        attrs = []
-        if src.cluster > 1 and not src.cluster_dims_in_source:
-            a = cu.CUlaunchAttribute()
-            a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = src.cluster, 1, 1
-            attrs.append(a)
-        if src.pdl:  # may start while the previous kernel of the stream drains
-            a = cu.CUlaunchAttribute()
-            a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            a.value.programmaticStreamSerializationAllowed = 1
-            attrs.append(a)
-        if attrs:
-            cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+        cfg = _launch_config(src, stream.ptr)
         check(cu.cuLaunchKernelEx(cfg, self.function, (tuple(values), tuple(types)), 0),
               f"launching {src.name}")
 

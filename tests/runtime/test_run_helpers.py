@@ -58,3 +58,41 @@ def test_resident_kernels_need_132_sms(monkeypatch):
     launch._check_resident(SimpleNamespace(name="k", blocks=120, resident=False))
     monkeypatch.setattr(launch, "_sm_count", lambda: 132)
     launch._check_resident(src)
+
+
+def test_resident_kernels_checked_against_the_occupancy_query(monkeypatch):
+    """At load, a kernel that needs its whole grid resident is refused when the driver's
+    occupancy query (clusters, or CTAs per SM x SMs without clusters) holds fewer."""
+    from types import SimpleNamespace
+
+    real = pytest.importorskip("cuda.bindings.driver")
+    from fusionc.errors import DeviceError
+    from fusionc.runtime import launch
+    ok = real.CUresult.CUDA_SUCCESS
+    seen = {}
+
+    class Fake:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def cuOccupancyMaxActiveClusters(self, function, cfg):
+            seen["cluster"] = cfg.attrs[0].value.clusterDim.x  # passed even with __cluster_dims__
+            return ok, 60
+
+        def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, function, threads, smem):
+            seen["threads"] = threads
+            return ok, 2
+
+    monkeypatch.setattr(launch, "driver", lambda: Fake())
+    monkeypatch.setattr(launch, "_sm_count", lambda: 132)
+    src = SimpleNamespace(name="fusionc_k", grid=61, cluster=4, blocks=244, threads=256,
+                          smem_bytes=1024, pdl=True, resident=True, cluster_dims_in_source=True)
+    with pytest.raises(DeviceError, match="needs its 61 clusters of 4 resident.*holds 60"):
+        launch._check_occupancy(src, None)
+    assert seen["cluster"] == 4
+    launch._check_occupancy(SimpleNamespace(**{**vars(src), "grid": 60, "blocks": 240}), None)
+    one = SimpleNamespace(**{**vars(src), "grid": 265, "cluster": 1, "blocks": 265})
+    with pytest.raises(DeviceError, match="holds 264"):
+        launch._check_occupancy(one, None)
+    assert seen["threads"] == 256
+    launch._check_occupancy(SimpleNamespace(**{**vars(one), "resident": False}), None)

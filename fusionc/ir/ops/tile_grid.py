@@ -6,8 +6,9 @@
     adds the contributions in fp32 in CTA order (cluster-major), is rounded once and overwrites
     the output — deterministic: codegen has every CTA write its partial to a workspace slot and
     the last CTA to arrive at a window add the slots in this order (DESIGN §5), or, where the
-    whole grid is resident, all contributors meet at a grid barrier and each adds a share of
-    the elements in the same order (``CodegenOptions.grid_reduce_parallel``). Used for the
+    whole grid is resident at the kernel's CTAs per SM, all contributors meet at a grid barrier
+    and each adds a share of the elements in the same order
+    (``CodegenOptions.grid_reduce_parallel``). Used for the
     output projections summed over heads or over the intermediate dimension; the fused result is
     rounded once where the graph rounds the projection and the residual add separately.
 ``grid_barrier()``
@@ -15,8 +16,8 @@
     every CTA after it (a software grid barrier: fence, arrival count, generation flag, as
     cooperative groups' grid sync). Only at the top level of a kernel (every CTA reaches it),
     with no exit or grid_reduce before it, and only in kernels whose whole grid is resident at
-    once (checked against an H200's resident clusters, and at load time against the GPU's SM
-    count): otherwise arrived CTAs would wait for CTAs that cannot start (the generated spin
+    once (checked against an H200's resident clusters at one CTA per SM, and at load time
+    against the driver's occupancy query, ``cuOccupancyMaxActiveClusters``): otherwise arrived CTAs would wait for CTAs that cannot start (the generated spin
     traps after 2 s rather than hang).
 ``%outs = launch(%args) {kernel = @k}`` (in graphs)
     Runs kernel ``@k`` with its leading parameters bound to ``%args``; the remaining

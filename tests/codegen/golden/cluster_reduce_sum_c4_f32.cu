@@ -216,9 +216,9 @@ fusionc_coll(
   (void)fc_cluster; (void)fc_rank; (void)fc_smem;
 
   // ---- shared memory (1056 bytes; values whose live ranges do not overlap share bytes) ----
-  float* const v_p = reinterpret_cast<float*>(fc_smem + 528);  // f32[1, 4, 33], 528 B
-  float* const v_buf = reinterpret_cast<float*>(fc_smem + 0);  // f32[1, 4, 33], 528 B
-  float* const v_r = reinterpret_cast<float*>(fc_smem + 528);  // f32[1, 4, 33], 528 B
+  float* const v_p = reinterpret_cast<float*>(fc_smem + 0);  // f32[1, 4, 33], 528 B
+  float* const v_buf = reinterpret_cast<float*>(fc_smem + 528);  // f32[1, 4, 33], 528 B
+  float* const v_r = reinterpret_cast<float*>(fc_smem + 0);  // f32[1, 4, 33], 528 B
 
   // ===== stage 1: load, smem_store, cluster barrier =====
   // [op 0, ir 3:8] %p = load(%x) {offsets = ["4*cluster + rank", "0", "0"], sizes = [1, 4, 33], masked = false} : f32[1, 4, 33]
@@ -235,7 +235,7 @@ fusionc_coll(
     }
   }
   // [op 1, ir 4:10] %buf = smem_alloc() : f32[1, 4, 33]
-  // v_buf: f32[1, 4, 33] at shared-memory offset 0
+  // v_buf: f32[1, 4, 33] at shared-memory offset 528
   // [op 2, ir 5:3] smem_store(%buf, %p)
   __syncthreads();  // earlier ops' shared data
   {
