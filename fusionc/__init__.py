@@ -7,7 +7,8 @@ See DESIGN.md (shared) and README.md.
 
 The DSL (``fusionc.graph``, ``fusionc.linear``, ``fusionc.f16``, ...), the interpreter
 (``fusionc.interpret``), the simulator (``fusionc.simulate``) and the GPU compiler
-(``fusionc.compile``, ``fusionc.jit``) are imported on first use, so that ``import fusionc`` stays fast.
+(``fusionc.compile``, ``fusionc.jit``) are imported on first use, so that ``import fusionc`` stays
+fast; so are the subpackages (``fusionc.ir``, ``fusionc.passes``, ...).
 """
 __version__ = "0.1.0"
 
@@ -19,6 +20,10 @@ _DSL_NAMES = frozenset({
     "decode_attention", "kv_cache_append", "rope", "head_linear", "latent_cache_append",
     "mla_decode_attention", "ElemType", "Tensor", "bf16", "dtype", "f16",
     "f32", "f64", "i32", "i64", "Tracer"})
+
+
+_SUBPACKAGES = frozenset({"ir", "passes", "codegen", "runtime", "sim", "interp", "dsl", "models",
+                          "lower", "cost", "tune", "comm"})
 
 
 def __getattr__(name):
@@ -38,8 +43,12 @@ def __getattr__(name):
     if name == "simulate":
         from fusionc.sim import simulate
         return simulate
+    if name in _SUBPACKAGES:  # fusionc.ir.print_module(...) after a bare ``import fusionc``
+        import importlib
+        return importlib.import_module(f"fusionc.{name}")
     raise AttributeError(f"module 'fusionc' has no attribute '{name}'")
 
 
 def __dir__():
-    return sorted(set(globals()) | _DSL_NAMES | {"interpret", "compile", "jit", "simulate"})
+    return sorted(set(globals()) | _DSL_NAMES | _SUBPACKAGES |
+                  {"interpret", "compile", "jit", "simulate"})

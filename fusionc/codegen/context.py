@@ -37,13 +37,15 @@ class CodegenOptions:
             everywhere.
         attn_tokens: tokens per block of a lane group in the streamed attention (K and V
             loads in flight per lane: twice that); 0: by the kernel's occupancy
-            (``ops_attention.stream_tokens``): 8 at one CTA per SM, else 4, or 2 from 8 query
-            heads per KV head (128 registers at two CTAs per SM).
+            (``ops_attention.stream_tokens``): 8 at one CTA of at most 256 threads per SM, else
+            4, or 2 from 7 query heads per KV head (128 registers at two CTAs per SM).
         grid_reduce_parallel: 1: where the whole grid is resident on an H200 (at most
-            ``H200.resident_clusters[cluster]`` clusters), grid_reduce's contributors meet at a
-            grid barrier and each sums a share of the output (the same sums in the same order
-            as the last CTA alone, which stays the method otherwise, and with 0). Such
-            kernels are refused at load on GPUs with fewer than 132 SMs, and, like any grid
+            ``blocks x H200.resident_clusters[cluster]`` clusters, ``blocks`` the kernel's
+            CTAs per SM), grid_reduce's contributors meet at a grid barrier and each sums a
+            share of the output (the same sums in the same order as the last CTA alone, which
+            stays the method otherwise, and with 0). Such kernels are refused at load on GPUs
+            with fewer than 132 SMs or where the driver's occupancy query
+            (``cuOccupancyMaxActiveClusters``) holds fewer clusters, and, like any grid
             barrier, trap after 2 s if other work (MPS, another process) keeps some of their
             CTAs off the GPU that long: use 0 where the GPU is shared.
         pdl: programmatic dependent launch: the kernel starts while its predecessor in the

@@ -44,18 +44,18 @@ def _lanes(op) -> int:
     return d * isz // 16 if (d * isz) % 16 == 0 else 0
 
 
-def stream_tokens(g: int, blocks: int) -> int:
-    """Tokens (K and V loads) per block of a lane group in the streamed path: 8 in kernels at one
-    CTA per SM (``blocks`` = 1: registers up to 255), else 4 (2 from 8 query heads per KV head),
-    which keeps a 256-thread CTA within ``__launch_bounds__``' 128 registers (two CTAs per SM).
-    Measured on an H200 (2026-11-30, Llama-3-8B attention, G = 4): at one CTA per SM (batch 16,
-    180 KB of shared memory) 8 tokens against 2 took 172 / 342 / 1021 µs against 192 / 429 /
-    1365 at KV 1024 / 4096 / 16384; at two CTAs per SM 4 tokens against 2 took 82 against 88 µs
-    (batch 1, KV 16384), 231 against 256 (batch 4) and 787 against 899 (batch 16); 8 tokens
-    spill there."""
-    if blocks == 1:
+def stream_tokens(g: int, blocks: int, threads: int) -> int:
+    """Tokens (K and V loads) per block of a lane group in the streamed path: 8 where a thread
+    may hold 255 registers (one CTA per SM, ``blocks`` = 1, of at most 256 threads), else 4
+    (2 from 7 query heads per KV head: f32 caches stream up to G = 8), which keeps a 256-thread
+    CTA within ``__launch_bounds__``' 128 registers (two CTAs per SM). Measured on an H200
+    (2026-11-30, Llama-3-8B attention, G = 4): at one CTA per SM (batch 16, 180 KB of shared
+    memory) 8 tokens against 2 took 172 / 342 / 1021 µs against 192 / 429 / 1365 at KV 1024 /
+    4096 / 16384; at two CTAs per SM 4 tokens against 2 took 82 against 88 µs (batch 1, KV
+    16384), 231 against 256 (batch 4) and 787 against 899 (batch 16); 8 tokens spill there."""
+    if blocks == 1 and threads <= 256:
         return 8
-    return 2 if g >= 8 else 4
+    return 2 if g >= 7 else 4
 
 
 def stream_pipelined(g: int, option: int) -> bool:
@@ -121,7 +121,7 @@ def emit_attn_partial(op, ctx) -> str:
     stream = ctx.options.attn_stream > 0 and streamed(op, ctx.threads)
     return ctx.render(
         "ops/attn_partial.cu.j2", G=q.shape[1], D=d, TT=attn_tile(op), tc=kc.ctype,
-        stream=stream, U=ctx.options.attn_tokens or stream_tokens(q.shape[1], ctx.blocks),
+        stream=stream, U=ctx.options.attn_tokens or stream_tokens(q.shape[1], ctx.blocks, ctx.threads),
         pipe="true" if stream_pipelined(q.shape[1], ctx.options.attn_stream) else "false",
         scratch_bytes=attn_scratch(op, ctx.kernel), q=q.ptr, kc=kc.ptr, vc=vc.ptr, S=s, H=h,
         lens=lens.ptr, pos=pos.ptr, kn=kn.ptr, vn=vn.ptr, B=cnames.dim(q.shape[0]),

@@ -27,6 +27,7 @@ class Device:
     load_latency_s: float = 2.0e-6   # global load latency under full load (fit to the sweep)
     cta_l2_bandwidth: float = 100e9   # one CTA reading partials from L2, bytes/s (estimate)
     grid_reduce_s: float = 2e-6      # fence + atomic arrival + tail latency (estimate)
+    smem_reserved_per_block: int = 1024  # the hardware's own shared memory per CTA (sm_90)
 
     def resident(self, grid: int, size: int, blocks: int = 1) -> bool:
         """Whether ``grid`` clusters of ``size`` CTAs are all resident at once, what kernels whose

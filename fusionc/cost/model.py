@@ -92,11 +92,14 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
 
 
 def ctas_per_sm(k: Graph, device: Device = H200, smem: int | None = None) -> int:
-    """CTAs of ``k`` one SM can hold: limited by shared memory, by 2048 threads per SM, and by
-    registers (assumed <= 128 per thread until NVRTC reports them: 65536 per SM)."""
+    """CTAs of ``k`` one SM can hold: limited by shared memory (each CTA also takes the
+    hardware's reserved 1 KB: CUDA programming guide, "Shared Memory" of compute capability
+    9.0), by 2048 threads per SM, and by registers (assumed <= 128 per thread until NVRTC
+    reports them: 65536 per SM)."""
     from fusionc.ir.kernel import smem_bytes
     threads = k.attr("threads")
-    by_smem = device.smem_per_sm // max(smem if smem is not None else smem_bytes(k), 1)
+    per_cta = (smem if smem is not None else smem_bytes(k)) + device.smem_reserved_per_block
+    by_smem = device.smem_per_sm // per_cta
     return max(1, min(by_smem, 2048 // threads, 65536 // (128 * threads)))
 
 

@@ -29,7 +29,8 @@ def load_file(path: str | Path, **sizes) -> Module:
     """
     p = Path(path)
     if not p.is_file():
-        raise DSLError(f"cannot read {p}: {'a folder' if p.is_dir() else 'no such file'}")
+        raise DSLError(f"cannot read {p}: {'a folder' if p.is_dir() else 'no such file'}",
+                       valid="a DSL file (.py) or an IR file (.fir)")
     with _on_path(str(p.parent.resolve())):
         pymod = _exec(p)
         build = getattr(pymod, "build", None)
@@ -41,6 +42,11 @@ def load_file(path: str | Path, **sizes) -> Module:
                            loc=Loc(str(p), 1), valid="def build(**sizes) -> Module")
         else:
             result, what = getattr(pymod, "module", None), "module"
+            if result is None and not hasattr(pymod, "module"):
+                raise DSLError(f"{p} defines neither build() nor a module-level `module`",
+                               loc=Loc(str(p), 1),
+                               valid="def build(**sizes) -> Module, or module = fusionc.module("
+                                     "...) at the top level")
     if not isinstance(result, Module):
         raise DSLError(f"{what} of {p} is a {type(result).__name__}, not a fusionc.ir.Module",
                        loc=Loc(str(p), 1),
@@ -92,6 +98,14 @@ def _check_sizes(build, sizes: dict, p: Path) -> None:
     if unknown:
         raise DSLError(f"build() of {p} has no size {', '.join(map(repr, unknown))}",
                        valid=", ".join(params) or "no sizes")
+    for name, value in sizes.items():  # -D values arrive as int, float or str
+        want = params[name].annotation
+        if want in (int, "int") and not isinstance(value, int) or \
+                want in (float, "float") and not isinstance(value, (int, float)):
+            kind = want if isinstance(want, str) else want.__name__
+            raise DSLError(f"size {name} = {value!r} for build() of {p}",
+                           valid=f"{'an integer' if kind == 'int' else 'a number'} "
+                                 f"(build() declares {name}: {kind})")
 
 
 def _call(build, sizes: dict, p: Path):

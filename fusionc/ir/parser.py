@@ -219,7 +219,10 @@ def parse_file(path: str | Path, verify: bool = True) -> Module:
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise ParseError(f"cannot read {p}: {e}") from None
+        why = ("no such file" if isinstance(e, FileNotFoundError) else "a folder"
+               if p.is_dir() else getattr(e, "strerror", None) or str(e))
+        raise ParseError(f"cannot read {p}: {why}",
+                         valid="a DSL file (.py) or an IR file (.fir)") from None
     return parse_module(text, str(p), verify)
 
 

@@ -103,7 +103,8 @@ def test_attention_kernel_compiles_without_spills(kw):
     (dict(head_dim=256, dtype="f32"), {}, False), (dict(group=16), {}, False),
     (dict(group=8, dtype="bf16"), {}, False), (dict(group=8, dtype="f32"), {}, True),
     (dict(group=4, dtype="bf16", threads=256), {}, True),
-    (dict(group=8, dtype="f32", threads=256), {}, True), (dict(), dict(attn_stream=0), False)])
+    (dict(group=8, dtype="f32", threads=256), {}, True), (dict(), dict(attn_stream=0), False),
+    (dict(group=7, dtype="f32", threads=256), {}, True)])
 def test_attention_streamed_or_staged(kw, opts, stream):
     """The streamed path where its registers fit (no spills at 256 threads, two CTAs per SM),
     the staged one elsewhere."""
@@ -116,10 +117,11 @@ def test_attention_streamed_or_staged(kw, opts, stream):
     src = compiled(text, **opts).source.source
     assert ("fc_attn_partial_stream<FC_THREADS" in src) == stream
     assert ("fc_attn_partial<FC_THREADS" in src) == (not stream)
-    g = kw.get("group", 2)  # prefetching below 4 query heads per KV head; 4 tokens per block at
-    # two CTAs per SM, 2 from 8 query heads per KV head (stream_tokens)
+    g = kw.get("group", 2)  # prefetching below 4 query heads per KV head; tokens per block
+    # (stream_tokens): 4 at two CTAs per SM, 2 from G = 7
+    tokens = 2 if g >= 7 else 4
     if stream:
-        assert f"{kw.get('head_dim', 128)}, {4 if g < 8 else 2}, {str(g < 4).lower()}>(" in src
+        assert f"{kw.get('head_dim', 128)}, {tokens}, {str(g < 4).lower()}>(" in src
         if threads:
             assert "__launch_bounds__(256, 2)" in src
 
@@ -139,7 +141,7 @@ def test_grid_reduce_kernels_compile():
     ck = compiled(P.oproj_kernel(4, 3, 64, 64))  # 3 clusters of 4: resident, parallel sums
     assert ck.source.counters == 2 and ck.source.resident  # one grid barrier
     assert "fc_grid_sync_thread0(fc_counters + 0, fc_counters + 0 + 1, 12u" in ck.source.source
-    # small shared memory: two CTAs per SM (__launch_bounds__(256, 2)), so twice the
+    # small shared memory: two CTAs per SM (__launch_bounds__(128, 2)), so twice the
     # one-CTA-per-SM placement (30 clusters of 4) is resident; 61 clusters may not be
     ck = compiled(P.oproj_kernel(4, 31, 64, 64))
     assert "__launch_bounds__(128, 2)" in ck.source.source
@@ -218,7 +220,10 @@ def test_batched_tile_loads_compile(batch):
     assert "// 4 loads in flight" not in one.source.source
 
 
-@pytest.mark.parametrize("g,blocks,tokens", [(1, 1, 8), (4, 1, 8), (1, 2, 4), (4, 2, 4), (8, 2, 2)])
-def test_streamed_attention_tokens_by_occupancy(g, blocks, tokens):
+@pytest.mark.parametrize("g,blocks,threads,tokens", [
+    (1, 1, 256, 8), (4, 1, 256, 8), (4, 1, 512, 4), (1, 2, 256, 4), (4, 2, 256, 4),
+    (1, 2, 128, 4), (6, 2, 256, 4), (7, 2, 256, 2), (8, 2, 256, 2)])
+def test_streamed_attention_tokens_by_occupancy(g, blocks, threads, tokens):
+    """8 tokens only at one CTA of at most 256 threads per SM; 2 from G = 7 (f32 caches)."""
     from fusionc.codegen.ops_attention import stream_tokens
-    assert stream_tokens(g, blocks) == tokens
+    assert stream_tokens(g, blocks, threads) == tokens

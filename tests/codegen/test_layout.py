@@ -11,7 +11,7 @@ _IN_REGION = """kernel @k {grid = 1, cluster = 2, max_batch = 1} (%x: f32[64], %
   %buf = smem_alloc() : f32[64]
   smem_store(%buf, %t)
   cluster_barrier()
-  when() {on = rank, lo = 0, hi = 1} ({
+  when() {on = cluster, lo = 0, hi = 1} ({
     %s = cluster_reduce(%buf) {op = sum} : f32[64]
     store(%y, %s) {offsets = ["0"]}
   })
@@ -23,8 +23,8 @@ _IN_REGION = """kernel @k {grid = 1, cluster = 2, max_batch = 1} (%x: f32[64], %
 """
 
 
-def _plan(text):
-    k = parse_module(text, verify=False).graphs[0]
+def _plan(text, verify=True):
+    k = parse_module(text, verify=verify).graphs[0]
     plan = plan_smem(k, lambda op: emitters.scratch_bytes(op, k), emitters.is_view)
     return {iv.name: iv for iv in plan.intervals}, plan
 
@@ -47,7 +47,38 @@ def test_dsm_buffer_read_inside_a_region_lives_for_the_whole_kernel():
 
 def test_dsm_buffer_without_a_later_barrier_lives_for_the_whole_kernel():
     text = _IN_REGION.replace("  cluster_barrier()\n  %u", "  %u")
-    text = text.replace("  when() {on = rank, lo = 0, hi = 1} ({\n", "").replace(
+    text = text.replace("  when() {on = cluster, lo = 0, hi = 1} ({\n", "").replace(
         "    store(%y, %s) {offsets = [\"0\"]}\n  })\n", "    store(%y, %s) {offsets = [\"0\"]}\n")
-    ivs, _ = _plan(text)
+    ivs, _ = _plan(text, verify=False)  # (the verifier wants a barrier after the reduce)
     assert (ivs["buf"].what, ivs["buf"].start) == ("buffer", 0)
+
+
+_TWO_READS = """kernel @k {grid = 1, cluster = 2, max_batch = 1} (%x: f32[64], %y: f32[64]) {
+  %t = load(%x) {offsets = ["0"], sizes = [64]} : f32[64]
+  %buf = smem_alloc() : f32[64]
+  smem_store(%buf, %t)
+  cluster_barrier()
+  %v = reshape(%buf) {shape = [8, 8]} : f32[8, 8]
+  %s = cluster_reduce(%buf) {op = sum} : f32[64]
+  %m = cluster_reduce(%v) {op = max} : f32[8, 8]
+  %mid = load(%x) {offsets = ["0"], sizes = [64]} : f32[64]
+  cluster_barrier()
+  %u = load(%x) {offsets = ["0"], sizes = [64]} : f32[64]
+  store(%y, %s) {offsets = ["0"]}
+  store(%y, %u) {offsets = ["0"]}
+  store(%y, %mid) {offsets = ["0"]}
+  return %y
+}
+"""
+
+
+def test_dsm_buffer_read_twice_and_through_a_view_is_freed_after_the_last_read():
+    ivs, plan = _plan(_TWO_READS, verify=False)
+    buf = ivs["buf"]
+    # ops: 0 load, 1 alloc, 2 store, 3 barrier, 4 reshape, 5 reduce, 6 reduce (view),
+    # 7 load mid, 8 barrier, 9 load u
+    assert (buf.what, buf.start, buf.end) == ("dsm buffer", 1, 8)
+    # %mid (defined before the freeing barrier) never shares the buffer's bytes; %u (after
+    # it) takes them: 3 x 256 B in all, where a whole-kernel buffer would need a fourth
+    assert plan.offsets["mid"] != plan.offsets["buf"]
+    assert plan.offsets["u"] == plan.offsets["buf"] and plan.total == 768

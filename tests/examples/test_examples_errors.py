@@ -36,7 +36,8 @@ def write(tmp_path, name, text):
     ("import fusionc\nx = 1 / 0\n", 2, "ZeroDivisionError"),
     ("import fusionc_nope\n", 1, "ModuleNotFoundError"),
     ("def build():\n    return 3\n", 1, "build() of"),
-    ("x = 1\n", 1, "not a fusionc.ir.Module"),
+    ("x = 1\n", 1, "defines neither build() nor a module-level `module`"),
+    ("module = 3\n", 1, "is a int, not a fusionc.ir.Module"),
 ])
 def test_broken_files(capsys, tmp_path, text, line, fragment):
     path = write(tmp_path, "bad.py", text)
@@ -65,3 +66,15 @@ def test_bad_fir_text(capsys, tmp_path):
                                       "  return %0\n}\n")
     code, _, err = run_cli(capsys, "ir", path)
     assert code == 1 and f"{path}:2:" in err and "undefined value %y" in err
+
+
+def test_missing_files_and_sizes_of_the_wrong_type(capsys, tmp_path):
+    for name in ("nope.py", "nope.fir"):
+        code, _, err = run_cli(capsys, "ir", str(tmp_path / name))
+        assert code == 1 and "cannot read" in err and ": no such file (valid: a DSL file" in err
+    path = write(tmp_path, "sized.py", "def build(hidden: int = 64, eps: float = 1e-5):\n"
+                                       "    return 3\n")
+    code, _, err = run_cli(capsys, "ir", path, "-D", "hidden=abc")
+    assert code == 1 and "size hidden = 'abc'" in err and "an integer" in err
+    code, _, err = run_cli(capsys, "ir", path, "-D", "eps=abc")
+    assert code == 1 and "size eps = 'abc'" in err and "a number" in err

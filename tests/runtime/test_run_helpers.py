@@ -77,6 +77,7 @@ def test_resident_kernels_checked_against_the_occupancy_query(monkeypatch):
 
         def cuOccupancyMaxActiveClusters(self, function, cfg):
             seen["cluster"] = cfg.attrs[0].value.clusterDim.x  # passed even with __cluster_dims__
+            seen["attrs"] = cfg.numAttrs  # and no PDL attribute
             return ok, 60
 
         def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, function, threads, smem):
@@ -89,7 +90,7 @@ def test_resident_kernels_checked_against_the_occupancy_query(monkeypatch):
                           smem_bytes=1024, pdl=True, resident=True, cluster_dims_in_source=True)
     with pytest.raises(DeviceError, match="needs its 61 clusters of 4 resident.*holds 60"):
         launch._check_occupancy(src, None)
-    assert seen["cluster"] == 4
+    assert seen["cluster"] == 4 and seen["attrs"] == 1
     launch._check_occupancy(SimpleNamespace(**{**vars(src), "grid": 60, "blocks": 240}), None)
     one = SimpleNamespace(**{**vars(src), "grid": 265, "cluster": 1, "blocks": 265})
     with pytest.raises(DeviceError, match="holds 264"):

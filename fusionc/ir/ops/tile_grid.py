@@ -17,7 +17,8 @@
     cooperative groups' grid sync). Only at the top level of a kernel (every CTA reaches it),
     with no exit or grid_reduce before it, and only in kernels whose whole grid is resident at
     once (checked against an H200's resident clusters at one CTA per SM, and at load time
-    against the driver's occupancy query, ``cuOccupancyMaxActiveClusters``): otherwise arrived CTAs would wait for CTAs that cannot start (the generated spin
+    against the driver's occupancy query, ``cuOccupancyMaxActiveClusters``): otherwise
+    arrived CTAs would wait for CTAs that cannot start (the generated spin
     traps after 2 s rather than hang).
 ``%outs = launch(%args) {kernel = @k}`` (in graphs)
     Runs kernel ``@k`` with its leading parameters bound to ``%args``; the remaining
