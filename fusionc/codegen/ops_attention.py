@@ -121,7 +121,8 @@ def emit_attn_partial(op, ctx) -> str:
     stream = ctx.options.attn_stream > 0 and streamed(op, ctx.threads)
     return ctx.render(
         "ops/attn_partial.cu.j2", G=q.shape[1], D=d, TT=attn_tile(op), tc=kc.ctype,
-        stream=stream, U=ctx.options.attn_tokens or stream_tokens(q.shape[1], ctx.blocks, ctx.threads),
+        stream=stream,
+        U=ctx.options.attn_tokens or stream_tokens(q.shape[1], ctx.blocks, ctx.threads),
         pipe="true" if stream_pipelined(q.shape[1], ctx.options.attn_stream) else "false",
         scratch_bytes=attn_scratch(op, ctx.kernel), q=q.ptr, kc=kc.ptr, vc=vc.ptr, S=s, H=h,
         lens=lens.ptr, pos=pos.ptr, kn=kn.ptr, vn=vn.ptr, B=cnames.dim(q.shape[0]),
