@@ -43,9 +43,9 @@ class CodegenOptions:
             ``blocks x H200.resident_clusters[cluster]`` clusters, ``blocks`` the kernel's
             CTAs per SM), grid_reduce's contributors meet at a grid barrier and each sums a
             share of the output (the same sums in the same order as the last CTA alone, which
-            stays the method otherwise, and with 0). Such kernels are refused at load on GPUs
-            with fewer than 132 SMs or where the driver's occupancy query
-            (``cuOccupancyMaxActiveClusters``) holds fewer clusters, and, like any grid
+            stays the method otherwise, and with 0). Such kernels are refused at load where the
+            driver's occupancy query (``cuOccupancyMaxActiveClusters``) holds fewer clusters
+            than the grid (a GPU with fewer SMs, for one), and, like any grid
             barrier, trap after 2 s if other work (MPS, another process) keeps some of their
             CTAs off the GPU that long: use 0 where the GPU is shared.
         pdl: programmatic dependent launch: the kernel starts while its predecessor in the

@@ -54,22 +54,6 @@ def ensure_device() -> None:
                           valid="an sm_90 GPU (H100, H200): kernels are built for sm_90a")
 
 
-def _check_resident(src) -> None:
-    """A kernel with a grid barrier (or a parallel grid_reduce) needs its whole grid resident at
-    once: the compiler sized it for an H200's 132 SMs (fusionc.cost.h200.H200.resident_clusters);
-    refuse a GPU with fewer SMs (an H100 PCIe, a MIG slice) instead of trapping in the barrier.
-    Other kernels sharing the GPU at the same time (MPS, concurrent streams) can still keep CTAs
-    out: the barrier's bounded spin then traps after 2 s rather than hang."""
-    if not src.resident:
-        return
-    sms = _sm_count()
-    if sms is not None and sms < 132:
-        raise DeviceError(f"{src.name} keeps {src.blocks} CTAs resident at once (grid "
-                          f"barrier or parallel grid_reduce) but this GPU has {sms} SMs",
-                          valid="an H200 or H100 SXM (132 SMs) for kernels with a grid barrier, "
-                                "or CodegenOptions(grid_reduce_parallel=0)")
-
-
 def _sm_count() -> int | None:
     """SMs of the current GPU (None if CuPy cannot tell: the barrier's trap stays the guard)."""
     import cupy
@@ -114,8 +98,11 @@ def _launch_config(src, stream: int, query: bool = False):
 def _check_occupancy(src, function) -> None:
     """Refuse a kernel that needs its whole grid resident (grid barrier, parallel grid_reduce)
     where the driver's occupancy query (``cuOccupancyMaxActiveClusters``: registers, shared
-    memory, threads and cluster placement of this GPU) holds fewer clusters than the grid: the
-    compiler assumed ``H200.resident`` at the kernel's CTAs per SM."""
+    memory, threads, SMs and cluster placement of this GPU) holds fewer clusters than the grid
+    (the compiler assumed ``H200.resident`` at the kernel's CTAs per SM; an H100 PCIe or a MIG
+    slice may hold fewer) instead of trapping in the barrier. Other kernels sharing the GPU at
+    the same time (MPS, concurrent streams) can still keep CTAs out: the barrier's bounded spin
+    then traps after 2 s rather than hang."""
     if not src.resident:
         return
     cu = driver()
@@ -150,7 +137,6 @@ class LoadedKernel:
         cu = driver()
         self.compiled = compiled
         src = compiled.source
-        _check_resident(src)
         self.module = check(cu.cuModuleLoadData(compiled.cubin), "cuModuleLoadData")
         self.function = check(cu.cuModuleGetFunction(self.module, src.name.encode()),
                               "cuModuleGetFunction")

@@ -44,22 +44,6 @@ def test_bind_dims():
         bind_dims(k, {"x": args["x"], "y": args["y"]})
 
 
-def test_resident_kernels_need_132_sms(monkeypatch):
-    """Kernels whose CTAs wait for each other (grid barrier, parallel grid_reduce) are refused
-    at load on a GPU with fewer SMs than the H200 they were sized for; others load anywhere."""
-    from types import SimpleNamespace
-
-    from fusionc.errors import DeviceError
-    from fusionc.runtime import launch
-    monkeypatch.setattr(launch, "_sm_count", lambda: 114)  # an H100 PCIe
-    src = SimpleNamespace(name="fusionc_k", blocks=120, resident=True)
-    with pytest.raises(DeviceError, match="114 SMs"):
-        launch._check_resident(src)
-    launch._check_resident(SimpleNamespace(name="k", blocks=120, resident=False))
-    monkeypatch.setattr(launch, "_sm_count", lambda: 132)
-    launch._check_resident(src)
-
-
 def test_resident_kernels_checked_against_the_occupancy_query(monkeypatch):
     """At load, a kernel that needs its whole grid resident is refused when the driver's
     occupancy query (clusters, or CTAs per SM x SMs without clusters) holds fewer."""
@@ -96,4 +80,8 @@ def test_resident_kernels_checked_against_the_occupancy_query(monkeypatch):
     with pytest.raises(DeviceError, match="holds 264"):
         launch._check_occupancy(one, None)
     assert seen["threads"] == 256
+    monkeypatch.setattr(launch, "_sm_count", lambda: 114)  # an H100 PCIe: 2 x 114 CTAs
+    with pytest.raises(DeviceError, match="needs its 240 clusters of 1 resident.*holds 228"):
+        launch._check_occupancy(SimpleNamespace(**{**vars(one), "grid": 240}), None)
+    launch._check_occupancy(SimpleNamespace(**{**vars(one), "grid": 228}), None)
     launch._check_occupancy(SimpleNamespace(**{**vars(one), "resident": False}), None)
