@@ -1,5 +1,6 @@
-"""Shared benchmark machinery (GPU only): copy bandwidth, CUDA-graph timing over rotating buffer
-sets, and the result table.
+"""Shared benchmark machinery: copy bandwidth, CUDA-graph timing over rotating buffer sets (GPU
+only), and the result table (also on a machine without torch: the timing helpers need it only
+when called).
 
 Method (DESIGN §6.5, METHOD.md): every variant is captured in one CUDA graph that calls it once
 on each of N distinct buffer sets (weights, KV caches, activations) whose total is at least 3× the
@@ -12,7 +13,10 @@ from __future__ import annotations
 import math
 import statistics
 
-import torch
+try:
+    import torch
+except ImportError:  # CPU machines: --compile-only and dry runs use the table and arguments only
+    torch = None
 
 L2_BYTES = 60 * 1024 * 1024
 
@@ -42,7 +46,8 @@ def sets_needed(set_bytes: int) -> int:
 
 def time_graph(calls: list, warmup: int = 3, reps: int = 30) -> float:
     """Seconds per call: capture ``calls`` (zero-argument callables, one per buffer set) in one
-    CUDA graph, replay it ``reps`` times after ``warmup``, median replay time / len(calls)."""
+    CUDA graph on the stream that ran them once first, replay it ``reps`` times after
+    ``warmup``, median replay time / len(calls)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -51,7 +56,9 @@ def time_graph(calls: list, warmup: int = 3, reps: int = 30) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    # captured on the warm-up's stream, whose lazy state (e.g. the per-stream cuBLAS handle of
+    # fusionc's library path, which refuses to be created during a capture) exists by now
+    with torch.cuda.graph(g, stream=stream):
         for c in calls:
             c()
     for _ in range(warmup):
