@@ -4,7 +4,8 @@
 #   FUSIONC_CACHE_DIR=.fcache python -m tests.gpu.precompile
 #   FUSIONC_CACHE_DIR=.fcache python benchmarks/attention_block.py --compile-only
 # then on the GPU machine (carry .whl and .fcache):
-#   bash scripts/gpu_session.sh [tests|bench|bench-full|decode|all] [pytest or decode.py args...]
+#   bash scripts/gpu_session.sh [tests|bench|bench-full|decode|gemv|all] [pytest, decode.py or
+#   gemv.py args...]
 # bench: batch 1, KV 4096, no torch.compile (minutes); bench-full: issue 8's tables (every
 # point, torch.compile in the same run; ~4 min on an H200).
 set -uo pipefail
@@ -24,6 +25,9 @@ fi
 if [[ $what == bench-full ]]; then
   python3 benchmarks/attention_block.py 2>&1 | tee "$out/bench_attention.log" | tail -20
   python3 benchmarks/mlp_block.py 2>&1 | tee "$out/bench_mlp.log" | tail -8
+fi
+if [[ $what == gemv ]]; then   # issue 20's GEMV table (CSV in $OUT/gemv*.csv); e.g. --quick
+  OUT="$out" python3 benchmarks/gemv.py "$@" 2>&1 | tee "$out/bench_gemv.log" | tail -130
 fi
 if [[ $what == decode ]]; then
   python3 benchmarks/decode.py "$@" 2>&1 | tee "$out/bench_decode.log" | tail -30
