@@ -49,6 +49,9 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
             vector path cannot handle, overlapping grid_reduce windows, ...).
     """
     options = options or CodegenOptions()
+    from fusionc.codegen.streamed import generate_streamed, is_streamed
+    if is_streamed(kernel):
+        return generate_streamed(kernel, options)
     checks.check_kernel(kernel)
     ops = flatten(kernel)
     plan = plan_smem(kernel, lambda op: emitters.scratch_bytes(op, kernel), emitters.is_view)
@@ -91,6 +94,9 @@ def smem_required(kernel: Graph) -> int:
     ``smem_alloc`` buffer (live ranges packed, symbolic dims at ``max_batch``) plus op scratch —
     what a partitioner must keep under 227 KB (``fusionc.ir.kernel.smem_bytes`` counts only the
     buffers). No NVRTC involved. Raises CompileError for ops without code generation."""
+    from fusionc.codegen.streamed import is_streamed, plan
+    if is_streamed(kernel):
+        return plan(kernel).smem
     checks.check_kernel(kernel)
     return plan_smem(kernel, lambda op: emitters.scratch_bytes(op, kernel),
                      emitters.is_view).total

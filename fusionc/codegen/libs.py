@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from fusionc.codegen.render import render
 
-ORDER = ("common", "mma", "gemv", "gemv_mma", "attention", "mla")
-DEPS = {"gemv_mma": ("mma", "gemv"), "mla": ("mma",)}  # libraries that use another's helpers
+ORDER = ("common", "mma", "gemv", "gemv_mma", "attention", "mla", "stream")
+DEPS = {"gemv_mma": ("mma", "gemv"), "mla": ("mma",), "stream": ("mma",)}  # libraries that use another's helpers
 
 
 def render_libs(needed: set[str], delay: bool = False) -> list[str]:
@@ -12,5 +12,5 @@ def render_libs(needed: set[str], delay: bool = False) -> list[str]:
     unknown = needed - set(ORDER)
     if unknown:
         raise ValueError(f"unknown codegen libraries {sorted(unknown)}")
-    needed = needed | {d for lib in needed for d in DEPS.get(lib, ())}
+    needed = needed | {"common"} | {d for lib in needed for d in DEPS.get(lib, ())}
     return [render(f"lib/{name}.cuh.j2", delay=delay) for name in ORDER if name in needed]

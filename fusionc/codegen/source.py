@@ -22,6 +22,7 @@ class KernelParam:
     decl: str
     value: Value | None = None
     symbol: str | None = None
+    box: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class KernelSource:
     stamps: tuple[str, ...] = ()  # timeline slot labels (CodegenOptions.timeline)
     stamp_base: int = 0  # first counter word of the timeline slots
     resident: bool = False  # needs every CTA resident at once (grid barrier, parallel reduce)
+    # a streamed persistent kernel of this many work units: launched on min(resident CTAs,
+    # units, grid) CTAs (fusionc.stream.UnitSchedule); 0 for a fixed grid
+    persistent_units: int = 0
 
     @property
     def blocks(self) -> int:

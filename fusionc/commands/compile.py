@@ -18,6 +18,7 @@ graph-IR interpreter (relative error per output).
 examples:
   fusionc compile examples/llama2_7b.py -o /tmp/out
   fusionc compile examples/llama3_8b.py -o /tmp/l3 --cluster 8 --graph attention
+  fusionc compile examples/linear_v2.py -o /tmp/lin --lowering v2 --max-batch 4
 """
 
 
@@ -37,6 +38,9 @@ def setup(p):
     p.add_argument("--max-batch", type=positive_int, default=8,
                    help="batch bucket (default 8)")
     p.add_argument("--passes", metavar="PIPELINE", help="pipeline string (overrides the above)")
+    p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
+                   help="v1: cluster kernels per block (default); v2: streamed persistent "
+                        "kernels over every SM (linear layers so far)")
     p.add_argument("--no-check", action="store_true", help="skip the simulator check")
 
     def run(args):
@@ -76,7 +80,7 @@ def compile_main(args) -> int:
             lowered = module
         else:
             (out / f"{g.name}.0-input.fir").write_text(print_module(Module((g,))))
-            pipeline = args.passes or pipeline_for(g, args.max_batch, args.cluster, args.scheme)
+            pipeline = args.passes or lowering_pipeline(g, args)
             lowered = run_pipeline(Module((g,)), pipeline, on_stage=dump)
         check_launches_only(lowered[g.name])
         specs = comm_specs(lowered[g.name])   # before any kernel: size errors come first
@@ -105,6 +109,15 @@ def compile_main(args) -> int:
             failed = failed or line.endswith("FAILED")
     print(f"wrote {out}/")
     return 1 if failed else 0
+
+
+def lowering_pipeline(g, args) -> str:
+    """The pipeline of ``--lowering`` (v2: :func:`fusionc.passes.stream.v2_pipeline`)."""
+    from fusionc.runtime.compiled import pipeline_for
+    if getattr(args, "lowering", "v1") == "v2":
+        from fusionc.passes.stream import v2_pipeline
+        return v2_pipeline(args.max_batch)
+    return pipeline_for(g, args.max_batch, args.cluster, args.scheme)
 
 
 def _check_batch(g, max_batch: int) -> int:

@@ -37,6 +37,11 @@ def setup(p):
                    help="run the default pipeline up to PASS and print the IR after it")
     p.add_argument("--passes", metavar="PIPELINE",
                    help='run this pipeline first, e.g. "partition-cluster{size=4},fuse"')
+    p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
+                   help="the default pipeline of --after: v1 (cluster kernels) or v2 "
+                        "(partition-units,stream-plan,insert-barriers,smem-plan)")
+    p.add_argument("--max-batch", type=int, default=8,
+                   help="batch bucket of the v2 pipeline (default 8)")
     p.add_argument("--batch", type=int, default=1, help="batch for the cost table (default 1)")
     p.add_argument("--kv-len", type=int, default=4096,
                    help="KV length for the cost table (default 4096)")
@@ -93,7 +98,11 @@ def run_passes(module, args):
     from fusionc.cost.model import cost_table
     from fusionc.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
     from fusionc.errors import PassError
-    passes = parse_pipeline(args.passes or DEFAULT_PIPELINE)
+    default = DEFAULT_PIPELINE
+    if getattr(args, "lowering", "v1") == "v2":
+        from fusionc.passes.stream import v2_pipeline
+        default = v2_pipeline(args.max_batch)
+    passes = parse_pipeline(args.passes or default)
     if args.after:
         names = [p.name for p in passes]
         if args.after not in names:

@@ -40,6 +40,9 @@ def setup(p):
     p.add_argument("--split-tokens", type=positive_int, metavar="PARTS",
                    help="token blocks of a many-token graph (1: no split; default 2 with "
                         "collectives, else 1)")
+    p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
+                   help="v1: cluster kernels per block (default); v2: streamed persistent "
+                        "kernels over every SM (linear layers so far)")
     p.add_argument("--timeline", action="store_true",
                    help="profiling build: print each kernel's time per op (last launch; "
                         "fusionc.runtime.timeline); profiles the cost model's choice, not a "
@@ -87,7 +90,8 @@ def run_graph(g, args) -> tuple[str, bool]:
     timeline = getattr(args, "timeline", False)
     fn = fusionc.compile(g, max_batch=args.batch, cluster=args.cluster, kv_len=args.kv_len,
                          comm=comm, split_tokens=getattr(args, "split_tokens", None),
-                         codegen=CodegenOptions(timeline=True) if timeline else None)
+                         codegen=CodegenOptions(timeline=True) if timeline else None,
+                         lowering=getattr(args, "lowering", "v1"))
     require_gpu()
     seed = np.random.SeedSequence().entropy % 2**32
     if comm is not None:   # the ranks share the seed: replicated inputs stay replicated

@@ -51,6 +51,8 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
                 smem: int | None = None) -> KernelCost:
     """Cost of kernel ``k`` at ``batch`` rows and ``kv_len`` cached tokens; ``smem`` is the
     shared memory per CTA when known (from code generation), for the occupancy."""
+    if any(op.name == "units" for op in k.body):
+        return streamed_cost(k, batch, device)
     grid, size = k.attr("grid"), k.attr("cluster")
     env = {"C": size, "S": kv_len, **{d: batch for p in k.params for d in p.type.shape
                                        if isinstance(d, str)}}
@@ -89,6 +91,26 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
     est = t_mem + coll_s * waves + device.launch_s
     return KernelCost(k.name, grid, size, grid * size, waves, total.bytes, total.dsm_bytes,
                       total.flops, n_coll, est)
+
+
+def streamed_cost(k: Graph, batch: int = 1, device: Device = H200) -> KernelCost:
+    """Cost of a streamed persistent kernel (design v2): every tile it streams once (the
+    ``acc_gemv`` tile of each unit: weight rows and the batch's activation rows), the output
+    once, at the copy bandwidth over every resident CTA, plus the launch — the ring keeps the
+    stream running, so no latency term (design v2 §2's measurement: 85–97% of the floor on
+    large weights)."""
+    units = next(op for op in k.body if op.name == "units")
+    gemv = next(op for op in units.regions[0] if op.name == "acc_gemv")
+    n, kk = gemv.attr("n"), gemv.attr("k")
+    item = gemv.operands[2].type.dtype.itemsize
+    flush = next(op for op in units.regions[0] if op.name == "group_flush")
+    out_item = flush.operands[1].type.dtype.itemsize
+    read = n * kk * item + batch * kk * item
+    written = batch * n * out_item
+    flops = 2 * batch * n * kk
+    grid = k.attr("grid")
+    est = (read + written) / device.copy_bandwidth + device.launch_s
+    return KernelCost(k.name, grid, 1, grid, 1, read + written, 0, flops, 0, est)
 
 
 def ctas_per_sm(k: Graph, device: Device = H200, smem: int | None = None) -> int:

@@ -37,7 +37,17 @@ def smem_bytes(kernel: Graph) -> int:
         if op.name == "smem_alloc":
             t = op.result.type
             total += t.nbytes({d: b for d in t.shape if isinstance(d, str)})
+        elif op.name == "ring_alloc":
+            total += ring_geometry(op).total_bytes
     return total
+
+
+def ring_geometry(op: Op):
+    """The :class:`fusionc.stream.RingGeometry` of a ``ring_alloc`` op."""
+    from fusionc.stream.ring import RingGeometry
+    s, rows_all, cols = op.result.type.shape
+    rows = op.attr("rows")
+    return RingGeometry(s, rows, rows_all - rows, cols, op.result.type.dtype.itemsize)
 
 
 def _verify(k: Graph, module: Module | None) -> None:

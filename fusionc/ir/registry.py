@@ -93,6 +93,10 @@ class OpDef:
         verify: extra checks that need the graph and module (``(op, graph, module) -> None``).
         collective: executed by all CTAs of a cluster together (barriers, collectives); its
             ``simulate`` rule takes ``(op, ctas)`` and returns each CTA's results.
+        traits: facts generic code asks for instead of comparing names (xDSL style):
+            ``producer`` (run by a streamed kernel's producer warp), ``stream`` (takes part in
+            the shared-memory ring protocol), ``units`` (a work-unit loop), ``accumulates``
+            (updates an accumulator operand in place), ``counter`` (a grid-level counter).
     """
 
     name: str
@@ -108,6 +112,11 @@ class OpDef:
     template: str | None = None
     verify: Callable | None = None
     collective: bool = False
+    traits: frozenset[str] = frozenset()
+
+    def has(self, trait: str) -> bool:
+        """Whether the op carries ``trait`` (see ``traits``)."""
+        return trait in self.traits
 
     @property
     def min_operands(self) -> int:

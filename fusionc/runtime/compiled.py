@@ -18,7 +18,8 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             scheme: str = "auto", kv_len: int = 4096, pipeline: str | None = None,
             codegen=None, autotune: bool = False, progress=None,
             pdl: bool = False, comm=None, split_tokens: int | None = None,
-            min_split_tokens: int = 4096, side_ctas: int = 32) -> CompiledGraph:
+            min_split_tokens: int = 4096, side_ctas: int = 32,
+            lowering: str = "v1") -> CompiledGraph:
     """Lower, fuse, generate and compile ``program`` for the GPU.
 
     Args:
@@ -48,6 +49,9 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             O projection and only at 8192 for the MLP, whose all-reduce is already ~2% of it.
         side_ctas: CTAs of the side stream's all-reduce (beside the GEMMs; 32 measured better
             than 16).
+        lowering: ``"v1"`` (cluster kernels per block, the default) or ``"v2"`` (design v2:
+            streamed persistent kernels over every SM; linear layers so far, with an optional
+            bias: pass pipeline ``partition-units,stream-plan,insert-barriers,smem-plan``).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
@@ -58,8 +62,13 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     from fusionc.passes import run_pipeline
     _check_options(program, max_batch, kv_len, cluster)
     _check_split_options(split_tokens, min_split_tokens, side_ctas)
+    if lowering not in LOWERINGS:
+        raise InputError(f"lowering = {lowering!r}", valid="'v1' or 'v2'")
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
+    if lowering == "v2" and pipeline is None:
+        from fusionc.passes.stream import v2_pipeline
+        pipeline = v2_pipeline(max_batch)
     if pipeline is None and codegen is None and cluster == 0 and scheme == "auto" and \
             not _prefill(module[name], max_batch):   # tuning is for the decode kernels
 
@@ -101,6 +110,7 @@ def pipeline_for(g: Graph, max_batch: int, cluster: int = 0, scheme: str = "auto
 
 
 PREFILL_TOKENS = 256
+LOWERINGS = ("v1", "v2")
 _DECODE_ONLY = ("decode_attention", "kv_cache_append", "mla_decode_attention", "rope")
 
 

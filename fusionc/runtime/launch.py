@@ -67,15 +67,16 @@ def _sm_count() -> int | None:
     return None
 
 
-def _launch_config(src, stream: int, query: bool = False):
+def _launch_config(src, stream: int, query: bool = False, blocks: int | None = None):
     """The ``CUlaunchConfig`` of kernel ``src`` on stream handle ``stream``: ``src.blocks`` CTAs
     of ``src.threads`` threads, its dynamic shared memory, the cluster dimension as an attribute
     unless the source fixes it, and programmatic stream serialization for PDL builds. ``query``:
     for ``cuOccupancyMaxActiveClusters`` (clusters of 2 or more; it counts 0 clusters for a
-    launch without one), which takes the cluster dimension always and no PDL."""
+    launch without one), which takes the cluster dimension always and no PDL. ``blocks``: the
+    CTAs of a persistent kernel's launch (:func:`persistent_grid`), else ``src.blocks``."""
     cu = driver()
     cfg = cu.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = src.blocks, 1, 1
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = blocks or src.blocks, 1, 1
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = src.threads, 1, 1
     cfg.sharedMemBytes = src.smem_bytes
     cfg.hStream = cu.CUstream(stream)
@@ -121,6 +122,21 @@ def _check_occupancy(src, function) -> None:
                                 "CodegenOptions(grid_reduce_parallel=0)")
 
 
+def persistent_grid(src, function, override: int | None = None) -> int:
+    """CTAs of a streamed persistent kernel's launch: every CTA the GPU holds at once
+    (``cuOccupancyMaxActiveBlocksPerMultiprocessor`` × SMs), at most its units and the grid it
+    was compiled for (its split-K workspace); ``override`` (tests: a grid larger than the GPU
+    holds, which must still finish, or a small one) replaces the occupancy."""
+    from fusionc.stream.schedule import UnitSchedule
+    if override is not None:
+        capacity = override
+    else:
+        per_sm = check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            function, src.threads, src.smem_bytes), f"the occupancy of {src.name}")
+        capacity = max(1, per_sm) * (_sm_count() or 132)
+    return UnitSchedule.launch_grid(src.persistent_units, min(capacity, src.grid))
+
+
 class LoadedKernel:
     """A compiled kernel loaded into the current context, with its global workspace.
 
@@ -149,6 +165,9 @@ class LoadedKernel:
                 self.function, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
                 "allowing the non-portable cluster size 16")
         _check_occupancy(src, self.function)
+        self.grid = persistent_grid(src, self.function) if src.persistent_units else None
+        from fusionc.runtime.tma import TensorMaps
+        self.tensor_maps = TensorMaps()
         self.workspace = cupy.zeros(max(src.workspace_floats, 1), cupy.float32)
         self.counters = cupy.zeros(max(src.counters, 1), cupy.uint32)
         cupy.cuda.Device().synchronize()  # zeroed before any stream launches the kernel
@@ -170,14 +189,26 @@ class LoadedKernel:
         cu = driver()
         src = self.compiled.source
         stream = stream or cupy.cuda.get_current_stream()
+        if src.persistent_units and any(dims.get(p.symbol, 1) == 0 for p in src.params
+                                        if p.kind == "dim"):
+            return   # an empty batch: nothing to compute (tensor maps need rows)
         values, types = [], []
         for p in src.params:
             v, t = self._arg(p, tensors, dims, delay)
             values.append(v)
             types.append(t)
-        cfg = _launch_config(src, stream.ptr)
+        cfg = _launch_config(src, stream.ptr, blocks=self.grid)
         check(cu.cuLaunchKernelEx(cfg, self.function, (tuple(values), tuple(types)), 0),
               f"launching {src.name}")
+
+    def errors(self) -> int:
+        """The error word of a streamed kernel's counters (non-zero: a counter wait timed out;
+        the results of that launch are not valid). Synchronizes the device."""
+        import cupy
+        if not self.compiled.source.persistent_units:
+            return 0
+        cupy.cuda.Device().synchronize()
+        return int(self.counters[-1].get())
 
     def _tensor(self, v, tensors, dims) -> int:
         """The device pointer of parameter ``v``; InputError unless the array has the
@@ -209,6 +240,10 @@ class LoadedKernel:
                 raise InputError(f"symbolic dim {p.symbol} = {n}", op=self.compiled.source.name,
                                  valid=f"0 <= {p.symbol} <= max_batch = {mb}")
             return int(n), ctypes.c_int
+        if p.kind == "tensormap":   # passed by value: the driver copies the 128 bytes
+            a = tensors[p.value.name]
+            rows = a.shape[0] if a.ndim == 2 else 1
+            return self.tensor_maps.get(p, self._tensor(p.value, tensors, dims), rows, p.box), None
         if p.kind == "workspace":
             return self.workspace.data.ptr, ctypes.c_void_p
         if p.kind == "counters":

@@ -23,8 +23,13 @@ from fusionc.sim.state import CTA, CTAExit, GlobalMemory
 
 
 def simulate_kernel(kernel: Graph, args: dict[str, np.ndarray],
-                    env: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+                    env: dict[str, int] | None = None, *, grid: int | None = None,
+                    seed: int = 0, lazy_copies: bool = False) -> dict[str, np.ndarray]:
     """Run ``kernel`` on ``args`` (parameter name -> array, all parameters given).
+
+    A streamed kernel (one with a ``units`` region) runs as interleaved coroutines over a
+    virtual grid of ``grid`` CTAs (default :data:`fusionc.sim.grid.VIRTUAL_GRID`), scheduled by
+    a random generator seeded with ``seed`` (:func:`fusionc.sim.grid.run_streamed`).
 
     Arrays are copied, rounded to the parameter dtypes, and the kernel's outputs (the
     parameters it returns) are returned by name. ``env`` binds symbolic dims; missing symbols
@@ -38,6 +43,10 @@ def simulate_kernel(kernel: Graph, args: dict[str, np.ndarray],
                       env)
     memory = GlobalMemory({p.name: np.array(round_to(np.asarray(args[p.name]), p.type.dtype))
                            for p in kernel.params})
+    from fusionc.sim.grid import run_streamed, units_op
+    if units_op(kernel) is not None:
+        run_streamed(kernel, memory, env, grid, seed, lazy_copies)
+        return {v.name: memory.arrays[v.name] for v in kernel.outputs}
     grid, size = kernel.attr("grid"), kernel.attr("cluster")
     clusters = [_run_cluster(kernel, cid, size, env, memory) for cid in range(grid)]
     while clusters:   # every cluster runs to its next grid_barrier (or its end), then all resume

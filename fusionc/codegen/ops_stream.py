@@ -1,0 +1,211 @@
+"""Emitters of the ops inside a streamed kernel's ``units`` region (see
+:mod:`fusionc.codegen.streamed`). Each returns the C++ of one op for one unit; the loop variables
+are ``fc_u`` (unit), ``fc_j`` (the CTA's ``j``-th unit), ``fc_g`` (group), ``fc_s`` (step),
+``fc_u0``/``fc_u1`` (the CTA's units), ``fc_lane``. The mbarrier parities and stages follow
+:mod:`fusionc.stream.ring` (the simulator's definition)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fusionc.codegen import cnames
+from fusionc.errors import CompileError
+from fusionc.ir.kernel import ring_geometry
+from fusionc.ir.nodes import Op
+
+
+@dataclass
+class StreamCtx:
+    """What the emitters share: the plan, parameter pointers, per-role setup code."""
+
+    plan: object
+    refs: dict                     # IR parameter name -> C pointer
+    producer_setup: str = ""
+    consumer_setup: str = ""
+    views: dict = field(default_factory=dict)   # stage-view value -> C expression
+
+    def ptr(self, v) -> str:
+        return self.refs[v.name]
+
+
+EMIT = {}
+
+
+def emits(name):
+    def wrap(fn):
+        EMIT[name] = fn
+        return fn
+    return wrap
+
+
+def emit(op: Op, ctx: StreamCtx) -> str:
+    """The C++ of ``op`` inside the unit loop (CompileError if it has no emitter here)."""
+    fn = EMIT.get(op.name)
+    if fn is None:
+        raise CompileError("no code generation for this op in a streamed kernel", op=op.name,
+                           loc=op.loc, valid=", ".join(sorted(EMIT)))
+    return fn(op, ctx)
+
+
+def _geo(ctx):
+    return ring_geometry(ctx.plan.ring)
+
+
+def _bars(ctx) -> tuple[str, str]:
+    return "fc_full", "fc_empty"
+
+
+@emits("ring_claim")
+def _claim(op, ctx):
+    s = _geo(ctx).stages
+    po = op.attr("parity_offset")
+    return (f"if (fc_j >= {s}) fc_mbar_wait(&fc_empty[fc_j % {s}], "
+            f"(fc_j / {s} - 1 + {po}) & 1);  // empty_parity(j)")
+
+
+@emits("ring_issue")
+def _issue(op, ctx):
+    geo = _geo(ctx)
+    w, x = op.operands[1], op.operands[2]
+    if not all(isinstance(d, int) for d in w.type.shape):
+        raise CompileError(f"weight {w.type} with symbolic dims", op=op.name, loc=op.loc,
+                           valid="static [N, K]")
+    if "fc_pol_w" not in ctx.producer_setup:
+        ctx.producer_setup += ("const unsigned long long fc_pol_w = fc_policy_evict_first();\n"
+                               "const unsigned long long fc_pol_x = fc_policy_evict_last();\n"
+                               f"if (fc_lane == 0) {{ fc_prefetch_tensormap(&{tmap(w)}); "
+                               f"fc_prefetch_tensormap(&{tmap(x)}); }}\n")
+    copies = []
+    for part, v, pol, row in (("w", w, "fc_pol_w", f"fc_g * {geo.rows}"), ("x", x, "fc_pol_x", "0")):
+        for half in (0, 1):
+            copies.append(f"  fc_tma_2d(stage + {geo.box_offset(part, half)}, &{tmap(v)}, "
+                          f"c0 + {half * geo.box_cols}, {row}, &fc_full[st], {pol});")
+    body = "\n".join(copies)
+    return f"""const int st = fc_j % {geo.stages};
+unsigned char* stage = fc_ring + st * {geo.stage_bytes};
+if (fc_lane == 0) {{  // four 2D boxes (weight and activation rows, two 128-byte halves each)
+  const int c0 = fc_s * {geo.cols};
+  fc_mbar_expect_tx(&fc_full[st], {geo.copy_bytes}u);
+{body}
+}}"""
+
+
+def tmap(v) -> str:
+    """The kernel parameter holding the tensor map of global tensor ``v``."""
+    return cnames.ident("fc_tm", v.name)
+
+
+@emits("ring_wait")
+def _wait(op, ctx):
+    s = _geo(ctx).stages
+    po = op.attr("parity_offset")
+    return f"fc_mbar_wait(&fc_full[fc_j % {s}], (fc_j / {s} + {po}) & 1);  // full_parity(j)"
+
+
+@emits("ring_stage")
+def _stage(op, ctx):
+    geo = _geo(ctx)
+    tw, tx = op.results
+    ctx.views[tw.name] = "fc_sw"
+    ctx.views[tx.name] = "fc_sx"
+    return "// the stage's weight rows (fc_sw) and activation rows (fc_sx): views, no code"
+
+
+def stage_decls(ctx) -> str:
+    geo = _geo(ctx)
+    return (f"const unsigned char* const fc_sw = fc_ring + (fc_j % {geo.stages}) * "
+            f"{geo.stage_bytes};\nconst unsigned char* const fc_sx = fc_sw + "
+            f"{geo.box_offset('x', 0)};\n(void)fc_sw; (void)fc_sx;")
+
+
+@emits("ring_release")
+def _release(op, ctx):
+    return f"__syncwarp();\nif (fc_lane == 0) fc_mbar_arrive(&fc_empty[fc_j % {_geo(ctx).stages}]);"
+
+
+@emits("fence_proxy_async")
+def _fence(op, ctx):
+    return "fc_fence_proxy_async_global();"
+
+
+@emits("acc_gemv")
+def _gemv(op, ctx):
+    p = ctx.plan
+    acc, x, w = op.operands
+    dt = w.type.dtype
+    ct, v = cnames.ctype(dt), 16 // dt.itemsize
+    n, k = op.attr("n"), op.attr("k")
+    m = cnames.dim(acc.type.shape[0])
+    _acc_decl(ctx, acc)
+    if p.path == "plain":
+        return (f"fc_acc_fma_global<{p.rows // 16}, {p.max_batch}, {v}, {ct}>(fc_acc, "
+                f"{ctx.ptr(x)}, {ctx.ptr(w)}, {m}, {n}, {k}, fc_g * {p.rows}, "
+                f"fc_s * {p.cols});")
+    geo = _geo(ctx)
+    if p.path == "mma":
+        return (f"fc_acc_mma_smem<{p.nb}, {geo.rows}, {geo.xbox_rows}, {geo.cols}, {ct}>("
+                f"fc_acc, fc_sw, fc_sx, {k} - fc_s * {geo.cols});")
+    return (f"fc_acc_fma_smem<{p.rows // 16}, {p.max_batch}, {v}, {geo.rows}, {geo.xbox_rows}, "
+            f"{ct}>(fc_acc, fc_sw, fc_sx, {m}, {k} - fc_s * {geo.cols});")
+
+
+def _acc_decl(ctx, acc) -> None:
+    p = ctx.plan
+    if "fc_acc" in ctx.consumer_setup:
+        return
+    shape = f"[{p.nb}][4]" if p.path == "mma" else f"[{p.rows // 16}][{p.max_batch}]"
+    ctx.consumer_setup += (f"float fc_acc{shape};  // %{acc.name}: registers\n"
+                           f"for (auto& row : fc_acc) for (float& a : row) a = 0.f;\n")
+
+
+@emits("group_flush")
+def _flush(op, ctx):
+    p = ctx.plan
+    acc, y = op.operands[0], op.operands[1]
+    bias = ctx.ptr(op.operands[2]) if len(op.operands) == 3 else "nullptr"
+    n = y.type.shape[1]
+    m = cnames.dim(y.type.shape[0])
+    ct = cnames.ctype(y.type.dtype)
+    cnt, grp = p.count, p.group
+    head = f"""if (fc_s == {grp - 1} || fc_u == fc_u1 - 1) {{  // the group's last unit here
+  const int gc0 = fc_unit_cta(fc_g * {grp}, {cnt}, gridDim.x);
+  const int gc1 = fc_unit_cta(min({cnt}, (fc_g + 1) * {grp}) - 1, {cnt}, gridDim.x);
+  const int slot = 2 * blockIdx.x + (fc_g == fc_u0 / {grp} ? 0 : 1);
+  const int slot0 = 2 * gc0 + (fc_g == fc_unit_start(gc0, {cnt}, gridDim.x) / {grp} ? 0 : 1);
+  volatile int* flag = reinterpret_cast<volatile int*>(fc_smem + {p.scratch_off});
+"""
+    tail = (f"fc_ws, slot, fc_counters + fc_g, gc0, gc1, slot0, flag);\n}}")
+    args = f"{ctx.ptr(y)}, {bias}, {n}, {m}, fc_g * {p.rows}, gc0 == gc1, "
+    if p.path == "mma":
+        return head + (f"  fc_flush_mma<{256}, {p.nb}, {p.rows}, {p.max_batch}, {ct}>(fc_acc, "
+                       f"reinterpret_cast<float*>(fc_smem + {p.scratch_off + 16}), {args}"
+                       + tail)
+    return head + (f"  fc_flush_fma<{256}, {p.rows // 16}, {p.rows}, {p.max_batch}, {ct}>("
+                   f"fc_acc, {args}" + tail)
+
+
+def _counter(op, ctx) -> str:
+    p = ctx.plan
+    first, _ = p.counters[op.attr("name")]
+    base = {"const": "0", "group": "fc_g", "unit": "fc_u"}[op.attr("slot")]
+    return f"fc_counters + {first} + {base} + {op.attr('index')}"
+
+
+def _role_sync(op) -> str:
+    return "__syncwarp();" if op.attr("warp") == "producer" else "fc_consumer_sync<256>();"
+
+
+def _leader(op) -> str:
+    return "fc_lane == 0" if op.attr("warp") == "producer" else "threadIdx.x == 0"
+
+
+@emits("counter_signal")
+def _signal(op, ctx):
+    return f"{_role_sync(op)}\nif ({_leader(op)}) fc_counter_signal({_counter(op, ctx)});"
+
+
+@emits("counter_wait")
+def _cwait(op, ctx):
+    from fusionc.codegen.streamed import COUNTER_TIMEOUT_NS
+    err = f"fc_counters + {ctx.plan.words - 1}"
+    return (f"if ({_leader(op)}) fc_counter_wait({_counter(op, ctx)}, {op.attr('target')}u, "
+            f"{err}, {COUNTER_TIMEOUT_NS}ull);\n{_role_sync(op)}")

@@ -1,0 +1,217 @@
+"""Code generation of streamed persistent kernels (design v2): a kernel whose body is
+``acc_alloc`` / ``ring_alloc`` ops and one ``units`` region.
+
+Execution model of the generated kernel (``templates/streamed.cu.j2``):
+- a persistent grid: ``gridDim.x`` CTAs (the runtime launches ``min(resident CTAs, units)``,
+  :class:`fusionc.stream.UnitSchedule`), each running units ``[fc_u0, fc_u1)``;
+- 8 consumer warps (256 threads) and, when the region has producer ops, one producer warp
+  (threads 256..287) that runs ``ring_claim`` / ``ring_issue`` for every unit ahead of the
+  consumers, throttled only by the ring's empty barriers; the consumers synchronize among
+  themselves with named barrier 1 (the producer never joins a CTA-wide barrier after setup);
+- shared memory: the ring's stages, its 2·S mbarriers, then the flush scratch (a flag and the
+  tensor-core path's K-half exchange); accumulators live in registers;
+- extra arguments: the split-K workspace (2 slots per CTA of ``max_batch × rows`` floats) and
+  the counters (one per group for the flushes, then the named counter sets, then an error word).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import fusionc
+from fusionc.codegen import cnames, libs
+from fusionc.codegen.context import CodegenOptions
+from fusionc.codegen.render import render
+from fusionc.codegen.source import KernelParam, KernelSource
+from fusionc.errors import CompileError
+from fusionc.ir.kernel import ring_geometry
+from fusionc.ir.nodes import Graph, Op
+from fusionc.ir.ops.tile_units import in_producer
+from fusionc.ir.printer import print_graph
+from fusionc.ir.types import DType
+
+CONSUMERS = 256           # consumer threads (8 warps): the thread maps of templates/lib/stream
+TOP_LEVEL = ("acc_alloc", "ring_alloc", "units")
+COUNTER_TIMEOUT_NS = 2_000_000_000
+
+
+@dataclass
+class StreamPlan:
+    """Compile-time choices of one streamed kernel, shared by its op emitters."""
+
+    kernel: Graph
+    units: Op
+    ring: Op | None
+    path: str                    # "mma", "fma" (smem) or "plain" (global loads)
+    rows: int
+    cols: int
+    max_batch: int
+    counters: dict = field(default_factory=dict)   # name -> (first word, words)
+    words: int = 0               # counter words in all (error word last)
+    smem: int = 0
+    scratch_off: int = 0
+
+    @property
+    def group(self) -> int:
+        return self.units.attr("group")
+
+    @property
+    def count(self) -> int:
+        return self.units.attr("count")
+
+    @property
+    def groups(self) -> int:
+        return -(-self.count // self.group)
+
+    @property
+    def producer(self) -> bool:
+        return any(in_producer(op) for op in self.units.regions[0])
+
+    @property
+    def threads(self) -> int:
+        return CONSUMERS + (32 if self.producer else 0)
+
+    @property
+    def nb(self) -> int:
+        return -(-self.max_batch // 8)
+
+
+def is_streamed(kernel: Graph) -> bool:
+    """Whether ``kernel`` is a streamed persistent kernel (it has a ``units`` region)."""
+    return any(op.name == "units" for op in kernel.body)
+
+
+def plan(kernel: Graph) -> StreamPlan:
+    """The plan of a streamed kernel; CompileError for what the generator cannot emit yet."""
+    for op in kernel.body:
+        if op.name not in TOP_LEVEL:
+            raise CompileError("op outside the units region of a streamed kernel",
+                               op=op.name, loc=op.loc, valid="acc_alloc, ring_alloc, units")
+    units = next(op for op in kernel.body if op.name == "units")
+    ring = next((op for op in kernel.body if op.name == "ring_alloc"), None)
+    gemvs = [op for op in units.regions[0] if op.name == "acc_gemv"]
+    if len(gemvs) != 1:
+        raise CompileError(f"{len(gemvs)} acc_gemv ops in the units region", op="units",
+                           loc=units.loc, valid="one acc_gemv per streamed kernel")
+    g = gemvs[0]
+    rows, cols = g.attr("rows"), g.attr("cols")
+    dt = g.operands[1].type.dtype
+    v = 16 // dt.itemsize
+    if rows != 64 or cols != 16 * v:
+        raise CompileError(f"tiles of {rows} x {cols}", op=g.name, loc=g.loc,
+                           valid=f"64 rows x {16 * v} columns (256-byte row chunks)")
+    mb = kernel.attr("max_batch")
+    on_ring = ring is not None and _from_ring(units, g)
+    path = "plain" if not on_ring else (
+        "mma" if dt in (DType.f16, DType.bf16) and mb >= 2 else "fma")
+    if mb > 16:
+        raise CompileError(f"max_batch {mb} in a streamed linear", op=g.name, loc=g.loc,
+                           valid="max_batch <= 16 (batch rows in registers)")
+    p = StreamPlan(kernel, units, ring, path, rows, cols, mb)
+    if kernel.attr("threads") != p.threads:
+        raise CompileError(f"{kernel.attr('threads')} threads", op=kernel.name, loc=kernel.loc,
+                           valid=f"{p.threads}: {CONSUMERS} consumer threads" +
+                                 (" and a producer warp" if p.producer else ""))
+    _plan_counters(p)
+    _plan_smem(p)
+    return p
+
+
+def _from_ring(units: Op, gemv: Op) -> bool:
+    stage_vals = {r.name for op in units.regions[0] if op.name == "ring_stage" for r in op.results}
+    return gemv.operands[2].name in stage_vals
+
+
+def _plan_counters(p: StreamPlan) -> None:
+    words = p.groups   # one per group: the split-K flushes
+    for op in p.units.regions[0]:
+        if op.name in ("counter_signal", "counter_wait"):
+            n = op.attr("index") + {"const": 1, "group": p.groups, "unit": p.count}[
+                op.attr("slot")]
+            first, size = p.counters.get(op.attr("name"), (None, 0))
+            p.counters[op.attr("name")] = (first, max(size, n))
+    for name in list(p.counters):
+        p.counters[name] = (words, p.counters[name][1])
+        words += p.counters[name][1]
+    p.words = words + 1   # the error word
+
+
+def _plan_smem(p: StreamPlan) -> None:
+    off = 0
+    if p.ring is not None:
+        off = ring_geometry(p.ring).total_bytes
+    off = -(-off // 16) * 16
+    p.scratch_off = off
+    off += 16 + (4 * 32 * 4 * p.nb * 4 if p.path == "mma" else 0)
+    p.smem = off
+
+
+def workspace_floats(p: StreamPlan) -> int:
+    """Split-K slots: 2 per CTA of the largest grid (the kernel's ``grid``) × max_batch × rows."""
+    return 2 * p.kernel.attr("grid") * p.max_batch * p.rows
+
+
+def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> KernelSource:
+    """The CUDA source of a streamed kernel (see the module docstring).
+
+    Raises:
+        CompileError: ops or tile shapes the generator does not support.
+    """
+    from fusionc.codegen import ops_stream
+    options = options or CodegenOptions()
+    p = plan(kernel)
+    params = _params(kernel, p)
+    refs = {kp.value.name: kp.name for kp in params if kp.kind == "tensor"}
+    ctx = ops_stream.StreamCtx(p, refs)
+    prod, cons = [], []
+    for op in p.units.regions[0]:
+        code = ops_stream.emit(op, ctx)
+        (prod if in_producer(op) else cons).append(_block(op, code))
+    name = cnames.ident("fusionc", kernel.name)
+    ring = ring_geometry(p.ring) if p.ring is not None else None
+    source = render(
+        "streamed.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
+        ir_lines=print_graph(kernel).splitlines(), libs=libs.render_libs({"mma", "stream"}),
+        name=name, params=[kp.decl for kp in params], threads=p.threads, smem=p.smem,
+        count=p.count, group=p.group, ring=ring, producer=p.producer,
+        producer_setup=ctx.producer_setup, consumer_setup=ctx.consumer_setup,
+        producer_body="\n".join(prod), consumer_body="\n".join(cons),
+        scratch_off=p.scratch_off, consumers=CONSUMERS,
+        stage_decls=ops_stream.stage_decls(ctx) if p.ring is not None else "") + "\n"
+    return KernelSource(name=name, source=source, kernel=kernel, grid=kernel.attr("grid"),
+                        cluster=1, threads=p.threads, smem_bytes=p.smem, params=tuple(params),
+                        workspace_floats=workspace_floats(p), counters=p.words,
+                        persistent_units=p.count)
+
+
+def _block(op: Op, code: str) -> str:
+    from fusionc.ir.printer import print_op
+    lines = [f"// {print_op(op)}", "{"] + ["  " + ln if ln else "" for ln in code.splitlines()]
+    return "\n".join(lines + ["}"])
+
+
+def _params(kernel: Graph, p: StreamPlan) -> list[KernelParam]:
+    outputs = {v.name for v in kernel.outputs}
+    out = []
+    for v in kernel.params:
+        const = "" if v.name in outputs else "const "
+        ptr = cnames.ident("p", v.name)
+        out.append(KernelParam(ptr, "tensor",
+                               f"{const}{cnames.ctype(v.type.dtype)}* __restrict__ {ptr}",
+                               value=v))
+    from fusionc.codegen.ops_stream import tmap
+    issues = [op for op in p.units.regions[0] if op.name == "ring_issue"]
+    geo = ring_geometry(p.ring) if p.ring is not None else None
+    for op in issues:
+        for v, rows in ((op.operands[1], geo.rows), (op.operands[2], geo.xbox_rows)):
+            if any(kp.name == tmap(v) for kp in out):
+                continue
+            out.append(KernelParam(tmap(v), "tensormap",
+                                   f"const __grid_constant__ FcTensorMap {tmap(v)}", value=v,
+                                   box=(geo.box_cols, rows)))
+    from fusionc.codegen.generate import symbols
+    for s in symbols(kernel):
+        out.append(KernelParam(cnames.dim_name(s), "dim", f"const int {cnames.dim_name(s)}",
+                               symbol=s))
+    out.append(KernelParam("fc_ws", "workspace", "float* __restrict__ fc_ws"))
+    out.append(KernelParam("fc_counters", "counters", "unsigned* __restrict__ fc_counters"))
+    return out

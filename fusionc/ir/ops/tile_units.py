@@ -1,0 +1,150 @@
+"""Tile IR: work units, accumulators and grid-level counters of persistent kernels (design v2 §1).
+
+``units() {count, group, schedule = contiguous} ({ body })``
+    The body runs once per work unit of this CTA, in order (:class:`fusionc.stream.UnitSchedule`:
+    CTA ``c`` of ``G = gridDim.x`` runs units ``[c·count // G, (c+1)·count // G)``); unit ``u``
+    is step ``s = u % group`` of group ``g = u // group``. Ops with the ``producer`` trait run
+    in the CTA's producer warp (``ring_claim``, ``ring_issue``), the others in its consumer
+    warps; the two interleave freely, ordered only by the ring's mbarriers. The grid is
+    persistent: its size comes from the occupancy at load time (never from the model), at most
+    ``count``. Only at the top level of a kernel, one per kernel.
+``%acc = acc_alloc() : f32[B, rows]``
+    An fp32 accumulator of one output tile (registers of the consumer threads), zero.
+``acc_gemv(%acc, %x, %w) {rows, cols, n, k}``
+    ``acc[b, r] += Σ_c x_t[b, c] · w_t[r, c]`` over the current unit's tile: rows
+    ``[g·rows, +rows)`` of the ``[n, k]`` weight and columns ``[s·cols, +cols)``; elements past
+    ``n`` or ``k`` count as 0. ``%x``/``%w`` are the global tensors (plain loads: weight rows
+    TMA cannot copy) or the stage views of a ring (``ring_stage``). fp32 products and sums.
+``group_flush(%acc, %y, %bias?) {rows}``
+    At the current group's last unit, or the CTA's last unit: the group's output tile
+    ``y[b, g·rows + r] = round(Σ_c acc_c[b, r] + bias[g·rows + r])``, the partial
+    accumulators of the group's contributing CTAs (:meth:`UnitSchedule.contributors`) added in
+    CTA order by the last to arrive (split-K over CTAs, deterministic; no CTA waits); then
+    ``acc`` is zero again. Rows past ``y``'s last dim are dropped.
+``counter_signal() {name, slot = const|group|unit, index, warp = consumer|producer}``
+    Release (GPU scope) then add 1 to counter ``name[slot]`` (slot = ``index``, or
+    ``index + g``, or ``index + u``).
+``counter_wait() {name, slot, index, target}``
+    Spin (acquire, GPU scope, bounded: after 2 s a host-visible error flag is set and the wait
+    gives up) until ``name[slot] >= target``, then subtract ``target``: counters return to zero
+    by themselves, so CUDA-graph replays need no host reset (one waiter per slot). A wait may
+    only wait on units with lower tickets (earlier units), so that it cannot deadlock on a
+    grid that is not fully resident.
+"""
+from __future__ import annotations
+
+from fusionc.ir.ops.tile_memory import K, param_of
+from fusionc.ir.registry import (POS_INT, NONNEG_INT, STR, Cost, OpDef, attr, enum, fail,
+                                 register)
+from fusionc.ir.types import DType
+
+
+def _sim(method):
+    """A simulator rule that hands the op to the CTA's stream state (``fusionc.sim.grid``)."""
+    def rule(op, args, cta):
+        stream = getattr(cta, "stream", None)
+        if stream is None:
+            from fusionc.errors import SimulationError
+            raise SimulationError("a work-unit op outside a units region of a streamed kernel",
+                                  op=op.name, loc=op.loc, valid="inside units() {...}")
+        return getattr(stream, method)(op, args)
+    return rule
+
+
+def _infer_units(op):
+    if op.attr("group") > op.attr("count"):
+        fail(op, f"groups of {op.attr('group')} units of {op.attr('count')}",
+             "group <= count")
+    return ()
+
+
+def _verify_units(op, graph, module):
+    if graph is None:
+        return
+    if not any(o is op for o in graph.body):
+        fail(op, "units inside a region", "units() at the top level of the kernel")
+    if sum(1 for o in graph.body if o.name == "units") > 1:
+        fail(op, "a second units region", "one units() per kernel")
+
+
+def _infer_acc(op):
+    if len(op.results) != 1 or op.result.type.rank != 2 or op.result.type.dtype != DType.f32:
+        fail(op, "acc_alloc has one f32[B, rows] result", "%acc = acc_alloc() : f32[B, 64]")
+    return (op.result.type,)
+
+
+def _infer_gemv(op):
+    acc, x, w = (v.type for v in op.operands)
+    rows, cols, n, k = (op.attr(a) for a in ("rows", "cols", "n", "k"))
+    if acc.dtype != DType.f32 or acc.rank != 2 or acc.shape[1] != rows:
+        fail(op, f"accumulator {acc}", f"f32[B, {rows}]")
+    if x.dtype != w.dtype or x.rank != 2 or w.rank != 2:
+        fail(op, f"x {x}, w {w}", "x and w of one dtype, both of rank 2")
+    if w.shape not in ((n, k), (rows, cols)) or x.shape[1] not in (k, cols):
+        fail(op, f"x {x}, w {w} for tiles [{rows}, {cols}] of [{n}, {k}]",
+             f"the global tensors [B, {k}] and [{n}, {k}], or stage views [xrows, {cols}] and "
+             f"[{rows}, {cols}]")
+    return ()
+
+
+def _cost_gemv(op, env):
+    acc, x, w = op.operands
+    b = acc.type.numel(env) // op.attr("rows")
+    rows, cols = op.attr("rows"), op.attr("cols")
+    return Cost(flops=2 * b * rows * cols)
+
+
+def _infer_flush(op):
+    acc, y = op.operands[0].type, op.operands[1].type
+    if y.rank != 2 or acc.shape[0] != y.shape[0] or acc.shape[1] != op.attr("rows"):
+        fail(op, f"accumulator {acc}, output {y}", "acc f32[B, rows] and y [B, N]")
+    if len(op.operands) == 3 and op.operands[2].type.shape != (y.shape[1],):
+        fail(op, f"bias {op.operands[2].type}", f"a bias of shape [{y.shape[1]}]")
+    return ()
+
+
+def _verify_flush(op, graph, module):
+    from fusionc.ir.ops.tile_memory import _verify_store
+    _verify_store(op.replace(operands=op.operands[1:]), graph, module)
+
+
+def _verify_gemv(op, graph, module):
+    for v in op.operands[1:]:
+        if graph is not None and any(p.name == v.name for p in graph.params):
+            param_of(op, graph, v, "operand")
+
+
+_WARP = attr("warp", enum("consumer", "producer"), "consumer", omit=True,
+             doc="which warps run it: the producer waits before TMA reads of data others wrote")
+_slot = (attr("name", STR, doc="counter set"),
+         attr("slot", enum("const", "group", "unit"), "const"), attr("index", NONNEG_INT, 0),
+         _WARP)
+
+
+def in_producer(op) -> bool:
+    """Whether ``op`` runs in a streamed kernel's producer warp (the ``producer`` trait, or
+    ``warp = producer`` on counter ops and fences); the simulator and codegen both ask this."""
+    from fusionc.ir.registry import lookup
+    if lookup(op.name).has("producer"):
+        return True
+    return dict(op.attrs).get("warp") == "producer"
+
+register(OpDef("units", __doc__, (),
+               (attr("count", POS_INT, doc="work units"), attr("group", POS_INT, 1),
+                attr("schedule", enum("contiguous"), "contiguous")),
+               _infer_units, where=K, regions=1, simulate=_sim("units_outside"),
+               verify=_verify_units, traits=frozenset({"units"})))
+register(OpDef("acc_alloc", __doc__, (), (), _infer_acc, where=K, simulate=_sim("acc_alloc")))
+register(OpDef("acc_gemv", __doc__, ("acc", "x", "w"),
+               (attr("rows", POS_INT), attr("cols", POS_INT), attr("n", POS_INT),
+                attr("k", POS_INT)),
+               _infer_gemv, where=K, simulate=_sim("acc_gemv"), verify=_verify_gemv,
+               cost=_cost_gemv, traits=frozenset({"accumulates"})))
+register(OpDef("group_flush", __doc__, ("acc", "y", "bias?"), (attr("rows", POS_INT),),
+               _infer_flush, where=K, simulate=_sim("flush"), verify=_verify_flush,
+               traits=frozenset({"accumulates"})))
+register(OpDef("counter_signal", __doc__, (), _slot, lambda op: (), where=K,
+               simulate=_sim("signal"), traits=frozenset({"counter"})))
+register(OpDef("counter_wait", __doc__, (), _slot + (attr("target", POS_INT, 1),),
+               lambda op: (), where=K, simulate=_sim("counter_wait"),
+               traits=frozenset({"counter"})))

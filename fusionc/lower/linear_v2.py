@@ -1,0 +1,100 @@
+"""Design v2 lowering of a linear layer ``y = x·Wᵀ (+ bias)`` to a streamed persistent kernel.
+
+Work decomposition (:class:`fusionc.stream.UnitSchedule`): the weight ``[N, K]`` is cut into
+tiles of ``ROWS`` rows × ``cols`` columns (a 256-byte row chunk: 128 f16/bf16 or 64 f32
+elements); unit ``u = g·kt + s`` is tile (row block ``g``, K chunk ``s``), ``kt = ⌈K / cols⌉``
+units per group. A persistent grid of every resident CTA (at most the units) takes balanced
+contiguous unit ranges, so every SM streams the same number of tiles whatever N and K are
+(split-K over CTAs where a row block straddles two ranges, summed in a fixed order).
+
+This module builds the first, plain form (``acc_gemv`` reading the global tiles); the passes
+``stream-plan``, ``insert-barriers`` and ``smem-plan`` (:mod:`fusionc.passes.stream`) put the
+tiles on a TMA-fed ring, add its waits and size it.
+"""
+from __future__ import annotations
+
+from fusionc.cost.h200 import H200
+from fusionc.errors import LoweringError
+from fusionc.ir.nodes import Graph, Op, Value
+from fusionc.ir.types import FLOAT_DTYPES, TensorType, DType
+from fusionc.lower.builder import KernelBuilder
+
+ROWS = 64            # weight rows per tile (the tensor-core path's 4 strips of 16)
+ROW_CHUNK_BYTES = 256  # K chunk per tile row: 16 lanes x 16 bytes
+MAX_BATCH = 16       # batch rows held in registers (issue 21 takes it to 256)
+
+
+def tile_cols(dtype: DType) -> int:
+    """Elements of one tile row (a 256-byte K chunk)."""
+    return ROW_CHUNK_BYTES // dtype.itemsize
+
+
+def check_linear(op: Op, max_batch: int) -> None:
+    """LoweringError unless ``op`` is a linear layer the v2 kernel lowers: x ``[B, K]``, a static
+    weight ``[N, K]`` of a float dtype, and a batch bucket of at most 16 rows."""
+    x, w = op.operands[0].type, op.operands[1].type
+    if x.rank != 2:
+        raise LoweringError(f"linear on x {x}", op=op.name, loc=op.loc,
+                            valid="x of shape [B, K] (reshape to rows first)")
+    if not w.is_static or x.dtype not in FLOAT_DTYPES:
+        raise LoweringError(f"weight {w}", op=op.name, loc=op.loc,
+                            valid="a static [N, K] weight of f16, bf16 or f32")
+    if isinstance(x.shape[0], int) and x.shape[0] > MAX_BATCH or max_batch > MAX_BATCH:
+        raise LoweringError(f"{max(max_batch, x.shape[0] if isinstance(x.shape[0], int) else 0)}"
+                            " rows", op=op.name, loc=op.loc,
+                            valid=f"at most {MAX_BATCH} rows per call on lowering v2 so far "
+                                  "(max_batch <= 16), or lowering='v1'")
+
+
+def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None) -> Graph:
+    """The plain streamed kernel of linear ``op`` (``acc_gemv`` on global tiles).
+
+    Args:
+        op: a graph-IR ``linear`` with x ``[B, K]``, w ``[N, K]`` and an optional bias ``[N]``.
+        name: the kernel's name.
+        max_batch: the batch bucket (rows of the accumulators, <= 16).
+        grid: the largest grid the kernel is launched on (workspace slots); default one CTA
+            per SM of an H200. The runtime launches min(resident CTAs, units, grid).
+    Raises:
+        LoweringError: shapes the v2 linear does not take (:func:`check_linear`).
+    """
+    check_linear(op, max_batch)
+    x, w = op.operands[0], op.operands[1]
+    bias = op.operands[2] if len(op.operands) == 3 else None
+    y = op.result
+    n, k = w.type.shape
+    cols = tile_cols(w.type.dtype)
+    kt = -(-k // cols)
+    count = -(-n // ROWS) * kt
+    b = KernelBuilder(name, op.loc)
+    px, pw = b.param(x), b.param(w)
+    pb = b.param(bias) if bias is not None else None
+    py = b.output(y, pure=True)
+    batch = x.type.shape[0]
+    acc = b.op("acc_alloc", types=[TensorType(DType.f32, (batch, ROWS))], hint="acc")
+    with _units(b, count, kt):
+        b.op("acc_gemv", acc, px, pw, rows=ROWS, cols=cols, n=n, k=k, loc=op.loc)
+        flush = (acc, py) if pb is None else (acc, py, pb)
+        b.op("group_flush", *flush, rows=ROWS, loc=op.loc)
+    grid = min(count, grid or H200.sms)
+    return b.build(grid=grid, cluster=1, threads=256, max_batch=max_batch)
+
+
+class _units:
+    """``with _units(builder, count, group):`` emits a ``units`` region around the ops."""
+
+    def __init__(self, b: KernelBuilder, count: int, group: int):
+        self.b, self.count, self.group = b, count, group
+
+    def __enter__(self):
+        self.b._ops.append([])
+
+    def __exit__(self, *exc):
+        from fusionc.ir.registry import lookup
+        body = self.b._ops.pop()
+        attrs = lookup("units").make_attrs({"count": self.count, "group": self.group})
+        self.b._ops[-1].append(Op("units", (), (), attrs, (tuple(body),), self.b.loc))
+        return False
+
+
+__all__ = ["lower_linear", "check_linear", "tile_cols", "Value"]

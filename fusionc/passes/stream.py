@@ -1,0 +1,202 @@
+"""Design v2 passes: the unit schedule, the stream plan, barrier insertion and the shared-memory
+plan of streamed persistent kernels (``lowering = v2``). Each shows in ``fusionc ir --after
+NAME``:
+
+``partition-units{max_batch, grid}``
+    Every ``linear`` of a graph becomes a streamed kernel (:mod:`fusionc.lower.linear_v2`):
+    ``acc_alloc``, then ``units {count, group}`` with ``acc_gemv`` on the global tiles and
+    ``group_flush``; the graph launches it. Other ops are refused by name (v2 lowers linear
+    layers so far; attention and MLP blocks take ``lowering = v1``).
+``stream-plan{stages}``
+    Where TMA can copy the rows (row bytes a multiple of 16), the tiles come through a ring:
+    ``ring_alloc``, ``ring_issue`` (the producer's copies), ``ring_stage`` views read by
+    ``acc_gemv``, ``ring_release``. Without waits: the next pass proves where they go.
+``insert-barriers``
+    Adds the ring protocol's waits: ``ring_claim`` before each ``ring_issue`` (the stage's
+    previous fill released), ``ring_wait`` before the first read of a stage view, and
+    ``fence_proxy_async`` between a producer's ``counter_wait`` and a later ``ring_issue``
+    (TMA reads of data others wrote with ordinary stores). The simulator reports each missing
+    one by name (``tests/sim/test_stream_hazards.py``).
+``smem-plan{max_stages}``
+    Sizes each ring: the most stages (at most ``max_stages``) whose bytes, with the kernel's
+    other shared memory, fit in 227 KB per CTA (one CTA per SM).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusionc.errors import LoweringError
+from fusionc.ir.kernel import SMEM_LIMIT
+from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
+from fusionc.ir.registry import lookup
+from fusionc.ir.types import TensorType
+from fusionc.passes.base import Pass, register_pass
+
+PRODUCER_THREADS = 288   # 8 consumer warps + the producer warp (fusionc.codegen.streamed)
+V2_PIPELINE = "partition-units{{max_batch={mb}}},stream-plan,insert-barriers,smem-plan"
+
+
+def v2_pipeline(max_batch: int) -> str:
+    """The pipeline of ``lowering = v2``."""
+    return V2_PIPELINE.format(mb=max_batch)
+
+
+def _op(name: str, operands=(), results=(), loc=None, regions=(), **attrs) -> Op:
+    return Op(name, tuple(results), tuple(operands), lookup(name).make_attrs(attrs, loc),
+              tuple(regions), loc)
+
+
+def _kernels(module: Module, fn) -> Module:
+    return Module(tuple(fn(g) if g.kind == "kernel" and _units(g) else g for g in module.graphs))
+
+
+def _units(k: Graph) -> Op | None:
+    return next((op for op in k.body if op.name == "units"), None)
+
+
+@register_pass
+@dataclass(frozen=True)
+class PartitionUnits(Pass):
+    """See the module docstring."""
+
+    name = "partition-units"
+    max_batch: int = 8
+    grid: int = 0
+
+    def run(self, module: Module) -> Module:
+        from fusionc.lower.linear_v2 import lower_linear
+        items = [g for g in module.graphs if g.kind == "kernel"]
+        hosts = []
+        for g in module.graphs:
+            if g.kind != "graph":
+                continue
+            body = []
+            for i, op in enumerate(g.body):
+                if op.name != "linear":
+                    raise LoweringError("not lowered by lowering v2 yet", op=op.name, loc=op.loc,
+                                        valid="graphs of linear layers on lowering='v2'; "
+                                              "attention and MLP blocks on lowering='v1'")
+                k = lower_linear(op, f"{g.name}_k{i}", self.max_batch, self.grid or None)
+                items.append(k)
+                body.append(_op("launch", op.operands, (op.result,), op.loc,
+                                kernel=SymbolRef(k.name)))
+            hosts.append(g.replace(body=tuple(body)))
+        return Module(tuple(items + hosts))
+
+
+@register_pass
+@dataclass(frozen=True)
+class StreamPlan(Pass):
+    """See the module docstring."""
+
+    name = "stream-plan"
+    stages: int = 2
+
+    def run(self, module: Module) -> Module:
+        return _kernels(module, self.plan)
+
+    def plan(self, k: Graph) -> Graph:
+        units = _units(k)
+        if any(op.name == "ring_issue" for op in units.regions[0]):
+            return k
+        body = list(units.regions[0])
+        gemv = next(op for op in body if op.name == "acc_gemv")
+        acc, x, w = gemv.operands
+        item = w.type.dtype.itemsize
+        if (w.type.shape[1] * item) % 16:   # the plain-load path
+            return k
+        rows, cols = gemv.attr("rows"), gemv.attr("cols")
+        mb = k.attr("max_batch")
+        xrows = mb if item == 4 or mb == 1 else -(-mb // 8) * 8   # whole mma n-tiles
+        ring = Value(f"ring_{gemv.loc.line if gemv.loc else 0}",
+                     TensorType(w.type.dtype, (self.stages, rows + xrows, cols)))
+        tw = Value(ring.name + ".w", TensorType(w.type.dtype, (rows, cols)))
+        tx = Value(ring.name + ".x", TensorType(w.type.dtype, (xrows, cols)))
+        i = body.index(gemv)
+        body[i:i + 1] = [_op("ring_issue", (ring, w, x), loc=gemv.loc),
+                         _op("ring_stage", (ring,), (tw, tx), gemv.loc, rows=rows),
+                         gemv.replace(operands=(acc, tx, tw)),
+                         _op("ring_release", (ring,), loc=gemv.loc)]
+        top = list(k.body)
+        top.insert(top.index(units), _op("ring_alloc", (), (ring,), gemv.loc, rows=rows))
+        top[top.index(units)] = units.replace(regions=(tuple(body),))
+        attrs = tuple((a, PRODUCER_THREADS if a == "threads" else v) for a, v in k.attrs)
+        return k.replace(body=tuple(top), attrs=attrs)
+
+
+@register_pass
+@dataclass(frozen=True)
+class InsertBarriers(Pass):
+    """See the module docstring."""
+
+    name = "insert-barriers"
+
+    def run(self, module: Module) -> Module:
+        return _kernels(module, self.insert)
+
+    def insert(self, k: Graph) -> Graph:
+        units = _units(k)
+        out: list[Op] = []
+        views: dict[str, Value] = {}     # stage view -> its ring
+        waited: set[str] = set()
+        acquired = False                  # a producer counter_wait not yet fenced
+        for op in units.regions[0]:
+            if op.name == "ring_issue":
+                ring = op.operands[0]
+                if acquired:
+                    out.append(_op("fence_proxy_async", loc=op.loc, warp="producer"))
+                    acquired = False
+                if not out or out[-1].name != "ring_claim":
+                    out.append(_op("ring_claim", (ring,), loc=op.loc))
+            if op.name == "counter_wait" and op.attr("warp") == "producer":
+                acquired = True
+            if op.name == "fence_proxy_async":
+                acquired = False
+            for v in op.operands:
+                if v.name in views and views[v.name].name not in waited:
+                    out.append(_op("ring_wait", (views[v.name],), loc=op.loc))
+                    waited.add(views[v.name].name)
+            if op.name == "ring_wait":
+                waited.add(op.operands[0].name)
+            out.append(op)
+            if op.name == "ring_stage":
+                views.update({r.name: op.operands[0] for r in op.results})
+        top = [units.replace(regions=(tuple(out),)) if o is units else o for o in k.body]
+        return k.replace(body=tuple(top))
+
+
+@register_pass
+@dataclass(frozen=True)
+class SmemPlan(Pass):
+    """See the module docstring."""
+
+    name = "smem-plan"
+    max_stages: int = 8
+
+    def run(self, module: Module) -> Module:
+        return _kernels(module, self.size)
+
+    def size(self, k: Graph) -> Graph:
+        from fusionc.codegen.streamed import plan
+        ring = next((op for op in k.body if op.name == "ring_alloc"), None)
+        if ring is None:
+            return k
+        best = k
+        for s in range(2, self.max_stages + 1):
+            cand = _with_stages(k, ring, s)
+            if plan(cand).smem + 1024 > SMEM_LIMIT:
+                break
+            best = cand
+        return best
+
+
+def _with_stages(k: Graph, ring: Op, stages: int) -> Graph:
+    old = ring.result
+    new = Value(old.name, old.type.with_shape((stages,) + old.type.shape[1:]))
+
+    def fix(op: Op) -> Op:
+        return op.replace(
+            results=tuple(new if r.name == old.name else r for r in op.results),
+            operands=tuple(new if v.name == old.name else v for v in op.operands),
+            regions=tuple(tuple(fix(o) for o in r) for r in op.regions))
+    return k.replace(body=tuple(fix(op) for op in k.body))

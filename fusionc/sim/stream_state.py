@@ -1,0 +1,289 @@
+"""Simulator state of streamed persistent kernels: rings, accumulators, counters, hazards.
+
+One :class:`StreamCTA` per CTA executes the ring, unit and counter ops (the simulator rules of
+``fusionc/ir/ops/tile_stream.py`` and ``tile_units.py`` call its methods). Blocking waits are
+generators that yield :class:`Block` objects; the scheduler (:mod:`fusionc.sim.grid`) resumes
+them when their condition holds. Copies issued by ``ring_issue`` land later, as separate events
+the scheduler interleaves with everything else.
+
+Hazards are reported as SimulationErrors whose message starts with the hazard's name:
+``stage read before its copy completed``, ``stage overwritten before release``,
+``stale mbarrier parity``, ``TMA read of data written with ordinary stores and no proxy fence``
+(and, from the scheduler, ``a counter nothing signals`` and ``a wait cycle``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from fusionc.errors import SimulationError
+from fusionc.interp.numerics import round_to
+from fusionc.stream.ring import empty_parity, full_parity, stage_of
+from fusionc.stream.schedule import UnitSchedule
+
+
+@dataclass
+class Block:
+    """A wait: ``ready()`` says whether it may proceed; ``what`` describes it."""
+
+    ready: Callable[[], bool]
+    what: str
+    op: object
+    counter: tuple | None = None   # (name, slot) of a counter wait
+
+
+@dataclass(eq=False)
+class Copy:
+    """An issued bulk copy that has not landed yet."""
+
+    ring: "Ring"
+    stage: int
+    fill: int
+    data: np.ndarray
+    cta: int
+
+    def land(self) -> None:
+        self.ring.data[self.stage] = self.data
+        self.ring.full_done[self.stage] += 1
+
+
+@dataclass(eq=False)
+class Ring:
+    """One CTA's ring: stage data and the completed phases of its full / empty barriers."""
+
+    name: str
+    data: np.ndarray            # [S, rows + xrows, cols], NaN until filled
+    rows: int
+    full_done: list = field(default_factory=list)
+    empty_done: list = field(default_factory=list)
+    issued: list = field(default_factory=list)
+
+    @property
+    def stages(self) -> int:
+        return self.data.shape[0]
+
+
+@dataclass(frozen=True, eq=False)
+class StageView:
+    """The weight or activation part of one stage, as handed out by ``ring_stage``."""
+
+    ring: Ring
+    stage: int
+    fill: int
+    part: str     # "w" or "x"
+
+
+@dataclass
+class Grid:
+    """State shared by the CTAs of one launch: counters, split-K partials, pending copies."""
+
+    sched: UnitSchedule
+    counters: dict = field(default_factory=dict)
+    released: dict = field(default_factory=dict)   # counter -> CTAs whose writes it publishes
+    partials: dict = field(default_factory=dict)   # (output, group) -> {cta: partial}
+    copies: list = field(default_factory=list)
+
+
+def hazard(name: str, op, detail: str, valid: str) -> SimulationError:
+    return SimulationError(f"{name}: {detail}", op=op.name, loc=op.loc, valid=valid)
+
+
+class StreamCTA:
+    """The stream state of one CTA; ``pos[role]`` is the (j, unit) each role is at."""
+
+    def __init__(self, cta, grid: Grid, kernel):
+        self.cta, self.grid, self.kernel = cta, grid, kernel
+        self.rings: dict[str, Ring] = {}
+        self.pos = {"producer": (0, 0), "consumer": (0, 0)}
+        self.role = "consumer"
+        self.visible: set[int] = {cta.gid}   # CTAs whose released writes this CTA acquired
+        self.proxy_dirty = False             # acquired generic writes since the last fence
+
+    # -- ring --------------------------------------------------------------------------------
+    def alloc(self, op, args):
+        t = op.result.type
+        s = t.shape[0]
+        ring = Ring(op.result.name, np.full(t.shape, np.nan, np.float32), op.attr("rows"),
+                    [0] * s, [0] * s, [0] * s)
+        self.rings[op.result.name] = ring
+        return (ring,)
+
+    def _here(self, ring: Ring):
+        j, u = self.pos[self.role]
+        return j, u, stage_of(j, ring.stages), j // ring.stages
+
+    def claim(self, op, args):
+        ring = args[0]
+        j, _, s, k = self._here(ring)
+        if j < ring.stages:
+            return ()
+        p = (empty_parity(j, ring.stages) + op.attr("parity_offset")) & 1
+        if p != (k - 1) & 1:
+            raise hazard("stale mbarrier parity", op, f"the producer waits on empty[{s}] at "
+                         f"parity {p} for the release of fill {k - 1} (parity {(k - 1) & 1})",
+                         "empty_parity(j) = (j // stages - 1) & 1")
+        return self._block(lambda: ring.empty_done[s] >= k, op,
+                           f"CTA {self.cta.gid} producer: empty[{s}] (release of fill {k - 1})")
+
+    def issue(self, op, args):
+        ring, w, x = args
+        j, u, s, k = self._here(ring)
+        if ring.issued[s] > ring.empty_done[s]:
+            raise hazard("stage overwritten before release", op,
+                         f"CTA {self.cta.gid} copies unit {u} into stage {s} while its fill "
+                         f"{ring.issued[s] - 1} is not released by the consumers",
+                         "ring_claim before ring_issue")
+        g, step = divmod(u, self.grid.sched.group)
+        rows, cols = ring.rows, ring.data.shape[2]
+        data = np.zeros(ring.data.shape[1:], np.float32)
+        wt = self._read(op, op.operands[1].name, g * rows, rows, step * cols, cols, tma=True)
+        xt = self._read(op, op.operands[2].name, 0, ring.data.shape[1] - rows, step * cols,
+                        cols, tma=True)
+        data[:wt.shape[0], :wt.shape[1]] = wt
+        data[rows:rows + xt.shape[0], :xt.shape[1]] = xt
+        ring.issued[s] += 1
+        self.grid.copies.append(Copy(ring, s, k, data, self.cta.gid))
+        return ()
+
+    def wait(self, op, args):
+        ring = args[0]
+        j, _, s, k = self._here(ring)
+        p = (full_parity(j, ring.stages) + op.attr("parity_offset")) & 1
+        if p != k & 1:
+            raise hazard("stale mbarrier parity", op, f"the consumers wait on full[{s}] at "
+                         f"parity {p} for fill {k} (parity {k & 1})",
+                         "full_parity(j) = (j // stages) & 1")
+        return self._block(lambda: ring.full_done[s] >= k + 1, op,
+                           f"CTA {self.cta.gid} consumers: full[{s}] (fill {k})")
+
+    def stage(self, op, args):
+        ring = args[0]
+        _, _, s, k = self._here(ring)
+        return (StageView(ring, s, k, "w"), StageView(ring, s, k, "x"))
+
+    def release(self, op, args):
+        ring = args[0]
+        _, _, s, k = self._here(ring)
+        ring.empty_done[s] = max(ring.empty_done[s], k + 1)
+        return ()
+
+    def fence(self, op, args):
+        self.proxy_dirty = False
+        return ()
+
+    def view(self, v: StageView, op) -> np.ndarray:
+        """The data of a stage view; the ring hazards when it is not readable now."""
+        ring = v.ring
+        if ring.full_done[v.stage] < v.fill + 1:
+            raise hazard("stage read before its copy completed", op,
+                         f"CTA {self.cta.gid} reads stage {v.stage} (fill {v.fill}) before the "
+                         "copy landed", "ring_wait between ring_issue and the first read")
+        if ring.issued[v.stage] > v.fill + 1 or ring.empty_done[v.stage] > v.fill:
+            raise hazard("stage overwritten before release", op,
+                         f"CTA {self.cta.gid} reads stage {v.stage} (fill {v.fill}) after it was "
+                         "released or refilled", "ring_release after the last read")
+        rows = ring.rows
+        return ring.data[v.stage, :rows] if v.part == "w" else ring.data[v.stage, rows:]
+
+    # -- global memory -----------------------------------------------------------------------
+    def _read(self, op, name, r0, nr, c0, nc, tma=False) -> np.ndarray:
+        mem = self.cta.memory
+        arr = mem.arrays[name].reshape(-1, mem.arrays[name].shape[-1])
+        rs = slice(max(r0, 0), max(min(r0 + nr, arr.shape[0]), max(r0, 0)))
+        cs = slice(max(c0, 0), max(min(c0 + nc, arr.shape[1]), max(c0, 0)))
+        wr = mem.writer[name].reshape(arr.shape)[rs, cs]
+        others = set(np.unique(wr[wr >= 0]).tolist()) - {self.cta.gid}
+        if others - self.visible:
+            raise SimulationError(f"CTA {self.cta.gid} reads %{name} written by CTA "
+                                  f"{min(others - self.visible)} without acquiring it",
+                                  op=op.name, loc=op.loc,
+                                  valid="counter_signal after the writes, counter_wait before "
+                                        "the read")
+        if tma and (others or (wr == self.cta.gid).any()) and self.proxy_dirty:
+            raise hazard("TMA read of data written with ordinary stores and no proxy fence", op,
+                         f"CTA {self.cta.gid} copies %{name} by TMA after acquiring writes made "
+                         "with ordinary stores", "fence_proxy_async after the counter_wait")
+        return np.asarray(arr[rs, cs], np.float32)
+
+    # -- accumulators ------------------------------------------------------------------------
+    def acc_alloc(self, op, args):
+        return (np.zeros(op.result.type.concrete(self.cta.env), np.float32),)
+
+    def acc_gemv(self, op, args):
+        acc, x, w = args
+        _, u = self.pos[self.role]
+        g, step = divmod(u, self.grid.sched.group)
+        rows, cols, n, k = (op.attr(a) for a in ("rows", "cols", "n", "k"))
+        if isinstance(w, StageView):
+            wt, xt = self.view(w, op), self.view(x, op)
+        else:
+            wt = self._read(op, op.operands[2].name, g * rows, rows, step * cols, cols)
+            xt = self._read(op, op.operands[1].name, 0, acc.shape[0], step * cols, cols)
+        nr, nc = max(0, min(rows, n - g * rows)), max(0, min(cols, k - step * cols))
+        m = acc.shape[0]
+        acc[:m, :nr] += xt[:m, :nc].astype(np.float32) @ wt[:nr, :nc].astype(np.float32).T
+        return ()
+
+    def flush(self, op, args):
+        acc = args[0]
+        sched = self.grid.sched
+        _, u = self.pos[self.role]
+        g = sched.group_of(u)
+        if u % sched.group != sched.group - 1 and u != sched.units(self.cta.gid).stop - 1:
+            return ()
+        parts = self.grid.partials.setdefault((op.operands[1].name, g), {})
+        parts[self.cta.gid] = acc.copy()
+        acc[...] = 0
+        order = list(sched.contributors(g))
+        if set(parts) == set(order):
+            total = np.zeros_like(parts[order[0]])
+            for c in order:
+                total = total + parts[c]
+            self._store(op, g, total, args)
+        return ()
+
+    def _store(self, op, g, total, args):
+        y = op.operands[1]
+        rows = op.attr("rows")
+        arr = self.cta.memory.arrays[y.name]
+        nr = max(0, min(rows, arr.shape[1] - g * rows))
+        tile = total[:, :nr]
+        if len(args) == 3:
+            bias = self.cta.memory.arrays[op.operands[2].name]
+            tile = tile + np.asarray(bias, np.float32)[g * rows:g * rows + nr]
+        index = (slice(0, arr.shape[0]), slice(g * rows, g * rows + nr))
+        self.cta.memory.write(y.name, index, round_to(tile, y.type.dtype), self.cta, op,
+                              y.type.dtype)
+
+    # -- counters ----------------------------------------------------------------------------
+    def _slot(self, op):
+        _, u = self.pos[self.role]
+        base = {"const": 0, "group": self.grid.sched.group_of(u), "unit": u}[op.attr("slot")]
+        return (op.attr("name"), base + op.attr("index"))
+
+    def signal(self, op, args):
+        key = self._slot(op)
+        self.grid.counters[key] = self.grid.counters.get(key, 0) + 1
+        self.grid.released.setdefault(key, set()).update(self.visible)
+        return ()
+
+    def counter_wait(self, op, args):
+        key, target = self._slot(op), op.attr("target")
+        yield Block(lambda: self.grid.counters.get(key, 0) >= target, f"CTA {self.cta.gid} "
+                    f"waits for {key[0]}[{key[1]}] >= {target}", op, key)
+        self.grid.counters[key] -= target
+        self.visible |= self.grid.released.get(key, set())
+        self.proxy_dirty = True
+        return ()
+
+    def _block(self, ready, op, what):
+        def gen():
+            if not ready():
+                yield Block(ready, what, op)
+            return ()
+        return gen()
+
+    def units_outside(self, op, args):   # pragma: no cover - the scheduler runs units itself
+        raise SimulationError("units run by the grid scheduler only", op=op.name, loc=op.loc)

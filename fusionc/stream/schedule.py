@@ -1,0 +1,84 @@
+"""Work units over a persistent grid (design v2 §1).
+
+An op is cut into ``count`` work units, numbered in the order their data streams: a linear layer
+``y = x·Wᵀ`` into tiles (row block ``g``, K chunk ``s``) numbered ``u = g·group + s``, where
+``group`` units (the K chunks of one row block) accumulate into one output tile. A grid of ``G``
+CTAs (``G`` = the launch's ``gridDim.x``, at most ``count``) takes contiguous, balanced unit
+ranges: CTA ``c`` runs units ``[start(c), start(c + 1))`` with ``start(c) = c·count // G`` (the
+"stream-K" split: every CTA gets ``count // G`` or one more unit, whatever the shape). A group
+that straddles CTAs is a split-K reduction: each contributor writes its partial sum to its own
+workspace slot, and the last to arrive adds the slots in CTA order (deterministic) and writes
+the output; no CTA ever waits for another, so any residency works.
+
+Slots: CTA ``c`` has two, ``2c`` for its first group and ``2c + 1`` for its last (the same group
+when its range lies inside one: slot ``2c``).
+
+The CUDA templates compute the same quantities (``templates/lib/stream.cuh.j2``:
+``fc_unit_start``, ``fc_unit_cta``); tests compare both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class UnitSchedule:
+    """Units ``0 .. count-1`` in groups of ``group`` consecutive units, over ``grid`` CTAs.
+
+    Attributes:
+        count: work units of the op (> 0).
+        group: units per output group (row block): K chunks of one row block (> 0, divides
+            nothing in particular: the last group may be shorter).
+        grid: CTAs of the launch; callers pass ``min(grid, count)`` (:meth:`launch_grid`).
+    """
+
+    count: int
+    group: int
+    grid: int
+
+    def __post_init__(self):
+        if not (self.count > 0 and self.group > 0 and 0 < self.grid <= self.count):
+            raise ValueError(f"UnitSchedule({self.count}, {self.group}, {self.grid}): need "
+                             "count, group > 0 and 0 < grid <= count")
+
+    @staticmethod
+    def launch_grid(count: int, capacity: int) -> int:
+        """CTAs to launch: every resident CTA, but never more CTAs than units."""
+        return max(1, min(count, capacity))
+
+    @property
+    def groups(self) -> int:
+        return -(-self.count // self.group)
+
+    def start(self, cta: int) -> int:
+        """First unit of CTA ``cta`` (``start(grid) == count``)."""
+        return cta * self.count // self.grid
+
+    def units(self, cta: int) -> range:
+        """The units CTA ``cta`` runs, in order."""
+        return range(self.start(cta), self.start(cta + 1))
+
+    def cta_of(self, unit: int) -> int:
+        """The CTA that runs ``unit``: the largest c with start(c) <= unit."""
+        return ((unit + 1) * self.grid - 1) // self.count
+
+    def group_of(self, unit: int) -> int:
+        return unit // self.group
+
+    def group_units(self, g: int) -> range:
+        return range(g * self.group, min(self.count, (g + 1) * self.group))
+
+    def contributors(self, g: int) -> range:
+        """CTAs that run units of group ``g``, in the order their partials are added."""
+        r = self.group_units(g)
+        return range(self.cta_of(r.start), self.cta_of(r.stop - 1) + 1)
+
+    def slot(self, cta: int, g: int) -> int:
+        """Workspace slot of CTA ``cta``'s partial sum of group ``g``."""
+        first = self.group_of(self.start(cta))
+        return 2 * cta + (0 if g == first else 1)
+
+    def flushes(self, cta: int) -> list[int]:
+        """Groups CTA ``cta`` flushes, in order (one per group its range touches)."""
+        r = self.units(cta)
+        return list(range(self.group_of(r.start), self.group_of(r.stop - 1) + 1))
