@@ -67,12 +67,15 @@ def _infer_alloc(op):
 def _infer_stage(op):
     r = op.operands[0].type
     rows = op.attr("rows")
+    if r.rank != 3 or not r.is_static or rows >= r.shape[1]:
+        fail(op, f"ring {r} with {rows} weight rows", "a ring [stages, rows + xrows, cols] "
+             "with fewer weight rows than rows per stage")
     return (r.with_shape((rows, r.shape[2])), r.with_shape((r.shape[1] - rows, r.shape[2])))
 
 
 def _infer_issue(op):
     r, w, x = (v.type for v in op.operands)
-    if w.rank != 2 or x.rank != 2 or w.dtype != r.dtype or x.dtype != r.dtype:
+    if r.rank != 3 or w.rank != 2 or x.rank != 2 or w.dtype != r.dtype or x.dtype != r.dtype:
         fail(op, f"ring {r}, w {w}, x {x}", "w: [N, K], x: [B, K] of the ring's dtype")
     if w.shape[1] != x.shape[1]:
         fail(op, f"w {w} and x {x} differ in K", "one K")

@@ -76,7 +76,7 @@ def _infer_acc(op):
 def _infer_gemv(op):
     acc, x, w = (v.type for v in op.operands)
     rows, cols, n, k = (op.attr(a) for a in ("rows", "cols", "n", "k"))
-    if acc.dtype != DType.f32 or acc.rank != 2 or acc.shape[1] != rows:
+    if acc.dtype != DType.f32 or acc.rank != 2 or acc.shape[1] != rows or x.rank != 2:
         fail(op, f"accumulator {acc}", f"f32[B, {rows}]")
     if x.dtype != w.dtype or x.rank != 2 or w.rank != 2:
         fail(op, f"x {x}, w {w}", "x and w of one dtype, both of rank 2")
@@ -96,7 +96,7 @@ def _cost_gemv(op, env):
 
 def _infer_flush(op):
     acc, y = op.operands[0].type, op.operands[1].type
-    if y.rank != 2 or acc.shape[0] != y.shape[0] or acc.shape[1] != op.attr("rows"):
+    if y.rank != 2 or acc.rank != 2 or acc.shape[0] != y.shape[0] or acc.shape[1] != op.attr("rows"):
         fail(op, f"accumulator {acc}, output {y}", "acc f32[B, rows] and y [B, N]")
     if len(op.operands) == 3 and op.operands[2].type.shape != (y.shape[1],):
         fail(op, f"bias {op.operands[2].type}", f"a bias of shape [{y.shape[1]}]")
