@@ -54,7 +54,9 @@ def compile_main(args) -> int:
     from fusionc.comm.kernel import render as render_comm
     from fusionc.errors import DSLError
     from fusionc.runtime.compiled import check_launches_only
+    from fusionc.ir.fp32 import check_fp32_attrs
     module = load(args.source, parse_sizes(args.sizes))
+    check_fp32_attrs(module)   # fp32 on the GPU and in the check's arithmetic
     graphs = [g for g in module.graphs if g.kind == "graph"
               and (args.graph is None or g.name == args.graph)]
     if not graphs:

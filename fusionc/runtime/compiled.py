@@ -51,15 +51,18 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
+        VerifyError: a float attribute that does not survive as fp32 (``fusionc.ir.fp32``).
         PassError, LoweringError: the graph cannot be lowered with these options.
         CompileError: code generation or NVRTC failed.
     """
     from fusionc.codegen.compile import compile_kernel
+    from fusionc.ir.fp32 import check_fp32_attrs
     from fusionc.passes import run_pipeline
     _check_options(program, max_batch, kv_len, cluster)
     _check_split_options(split_tokens, min_split_tokens, side_ctas)
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
+    check_fp32_attrs(module[name])
     if pipeline is None and codegen is None and cluster == 0 and scheme == "auto" and \
             not _prefill(module[name], max_batch):   # tuning is for the decode kernels
 
