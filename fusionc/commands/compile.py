@@ -96,8 +96,12 @@ def compile_main(args) -> int:
         if not args.no_check and not lowered_input:
             mb = min([k.attr("max_batch") for k in lowered.graphs if k.kind == "kernel"]
                      or [args.max_batch])
+            batch, skip = check_plan(g, _check_batch(g, mb))
+            if skip:
+                print(skip)
+                continue
             try:
-                line = simulator_check(g, lowered, _check_batch(g, mb))
+                line = simulator_check(g, lowered, batch)
             except MemoryError:
                 from fusionc.errors import InputError
                 raise InputError(f"the simulator check of @{g.name} does not fit in memory "
@@ -117,6 +121,45 @@ def _check_batch(g, max_batch: int) -> int:
     first = [p.type.shape[0] for p in g.params[:1] if p.type.rank]
     lead = (ints or first or ["B"])[0]
     return lead if isinstance(lead, int) else max(1, min(2, max_batch))
+
+
+CHECK_COPIES = 3   # random inputs, the interpreter's and the simulator's rounded copies
+
+
+def check_memory(g, batch: int) -> int:
+    """Bytes the simulator check of ``g`` at ``batch`` rows needs, about: every parameter and
+    op result as fp32, :data:`CHECK_COPIES` times."""
+    env = {d: batch for p in g.params for d in p.type.shape if isinstance(d, str)}
+    values = list(g.params) + [r for op in g.body for r in op.results]
+    elems = 0
+    for v in values:
+        env.update({d: batch for d in v.type.shape if isinstance(d, str)})
+        elems += v.type.numel(env)
+    return 4 * CHECK_COPIES * elems
+
+
+def memory_budget() -> int:
+    """Bytes the simulator check may use: half the memory available now."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024 // 2
+    except (OSError, KeyError, ValueError):
+        import os
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+
+
+def check_plan(g, batch: int) -> tuple[int, str | None]:
+    """(batch for the simulator check, None), with batch lowered to 1 when ``batch`` rows do
+    not fit in :func:`memory_budget`; or (0, a line saying why the check is skipped)."""
+    budget = memory_budget()
+    for b in dict.fromkeys((batch, 1)):
+        if check_memory(g, b) <= budget:
+            return b, None
+    need = check_memory(g, 1)
+    return 0, (f"simulator check @{g.name} skipped: it needs about {need / 2**30:.1f} GiB, "
+               f"more than half the memory available ({budget / 2**30:.1f} GiB); check "
+               "smaller sizes (-D), or pass --no-check")
 
 
 def make_out_dir(path: str) -> pathlib.Path:
