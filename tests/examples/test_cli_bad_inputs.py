@@ -5,7 +5,7 @@ import pathlib
 import pytest
 
 import fusionc.cli
-import fusionc.commands.compile as compile_cmd
+import fusionc.commands.check as compile_cmd
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 LLAMA2 = str(EXAMPLES / "llama2_7b.py")
@@ -45,3 +45,74 @@ def test_check_at_one_row_when_the_batch_does_not_fit(monkeypatch):
     monkeypatch.setattr(compile_cmd, "memory_budget", lambda: one - 1)
     batch, note = compile_cmd.check_plan(g, 2)
     assert batch == 0 and "skipped" in note
+
+
+# ---- item 3: output files that cannot be written
+
+def test_a_folder_where_a_file_goes(capsys, tmp_path):
+    (tmp_path / "mlp.0-input.fir").mkdir()
+    code, _, err = run_cli(capsys, "compile", LLAMA2, *SMALL, "--graph", "mlp", "-o", tmp_path)
+    assert code == 1 and err.startswith("fusionc: ") and "cannot write" in err, err
+    assert "mlp.0-input.fir" in err and "remove the folder" in err
+
+
+@pytest.mark.skipif(hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() == 0,
+                    reason="root writes into read-only folders")
+def test_a_read_only_output_folder(capsys, tmp_path):
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        code, _, err = run_cli(capsys, "compile", LLAMA2, *SMALL, "--graph", "mlp", "-o", out)
+    finally:
+        out.chmod(0o700)
+    assert code == 1 and "cannot write" in err and "writable output folder" in err, err
+
+
+def test_a_read_only_file_system(capsys, tmp_path, monkeypatch):
+    def refuse(self, *_a, **_k):
+        raise PermissionError(13, "Permission denied", str(self))
+    monkeypatch.setattr(pathlib.Path, "write_text", refuse)
+    code, _, err = run_cli(capsys, "compile", LLAMA2, *SMALL, "--graph", "mlp", "-o", tmp_path)
+    assert code == 1 and "cannot write" in err and "Permission denied" in err, err
+
+
+def test_a_graph_name_too_long_for_a_file(capsys, tmp_path):
+    src = tmp_path / "long.py"
+    name = "m" * 300
+    src.write_text(f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nimport fusionc as fc\n"
+                   "from llama2_7b import build as llama\n"
+                   "mlp = llama(hidden=256, heads=2, intermediate=512)['mlp']\n"
+                   f"module = fc.module(mlp.replace(name='{name}'))\n")
+    code, _, err = run_cli(capsys, "compile", src, "-o", tmp_path / "out")
+    assert code == 1 and err.startswith("fusionc: ") and "cannot write" in err, err
+    assert "a shorter graph name" in err
+
+
+# ---- item 13: a lowered .fir with two host graphs
+
+def _lowered_fir(capsys, tmp_path):
+    """One .fir holding both graphs of the small Llama 2 layer, lowered (kernels included)."""
+    from fusionc.ir import Module, print_module
+    from fusionc.passes import run_pipeline
+    from tests.passes.graphs import example
+    m = example("llama2_7b", hidden=256, heads=2, intermediate=512, max_seq=64)
+    parts = [run_pipeline(Module((g,)), "fuse-allreduce-norm,partition-cluster{size=2},fuse")
+             for g in m.graphs]
+    path = tmp_path / "lowered.fir"
+    path.write_text(print_module(Module(tuple(g for p in parts for g in p.graphs))))
+    return path
+
+
+def test_lowered_fir_with_two_graphs(capsys, tmp_path, tmp_cache):
+    path = _lowered_fir(capsys, tmp_path)
+    code, out, _ = run_cli(capsys, "compile", path, "-o", tmp_path / "all")
+    reports = [line.split(":")[0] for line in out.splitlines() if "threads" in line]
+    assert code == 0 and len(reports) == len(set(reports)) >= 2, out
+    code, out, _ = run_cli(capsys, "compile", path, "--graph", "mlp", "-o", tmp_path / "one")
+    only = [line.split(":")[0] for line in out.splitlines() if "threads" in line]
+    assert code == 0 and only and all("mlp" in k for k in only), out
+    for flags in (["--cluster", "4"], ["--max-batch", "8"], ["--passes", "fuse"],
+                  ["--scheme", "splitk"]):
+        code, _, err = run_cli(capsys, "compile", path, *flags, "-o", tmp_path / "x")
+        assert code == 1 and f"{flags[0]} given for" in err and "already lowered" in err, err
