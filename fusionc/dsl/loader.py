@@ -55,10 +55,13 @@ def load_file(path: str | Path, **sizes) -> Module:
 
 
 def build_parameters(path: str | Path) -> tuple[str, ...]:
-    """The parameter names of ``build()`` in DSL file ``path`` (empty without one)."""
+    """The parameter names of ``build()`` in DSL file ``path`` (empty without one, and for a
+    file that is not ``.py``). Raises DSLError for a missing file or one that fails to run."""
     p = Path(path)
     if not p.is_file():
         raise DSLError(f"cannot read {p}: {'a folder' if p.is_dir() else 'no such file'}")
+    if p.suffix != ".py":   # IR text and other files have no build()
+        return ()
     with _on_path(str(p.parent.resolve())):
         build = getattr(_exec(p), "build", None)
     return tuple(inspect.signature(build).parameters) if callable(build) else ()
@@ -77,6 +80,9 @@ def _on_path(folder: str):
 def _exec(p: Path):
     name = f"_fusionc_dsl_file_{p.stem}_{next(_COUNTER)}"
     spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None:   # not a Python source file name
+        raise DSLError(f"cannot load {p} as Python", loc=Loc(str(p), 1),
+                       valid="a DSL file named *.py, or IR text named *.fir")
     pymod = importlib.util.module_from_spec(spec)
     sys.modules[name] = pymod
     try:

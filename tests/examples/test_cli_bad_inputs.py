@@ -116,3 +116,26 @@ def test_lowered_fir_with_two_graphs(capsys, tmp_path, tmp_cache):
                   ["--scheme", "splitk"]):
         code, _, err = run_cli(capsys, "compile", path, *flags, "-o", tmp_path / "x")
         assert code == 1 and f"{flags[0]} given for" in err and "already lowered" in err, err
+
+
+# ---- items 4, 12: fusionc tune on IR text, and when no candidate compiles
+
+def test_tune_compile_only_on_ir_text(capsys, tmp_path, tmp_cache):
+    graph_ir = tmp_path / "mlp.fir"
+    code, out, _ = run_cli(capsys, "ir", LLAMA2, *SMALL, "--graph", "mlp")
+    graph_ir.write_text(out)
+    code, out, err = run_cli(capsys, "tune", graph_ir, "--compile-only")
+    assert code == 0 and "@mlp: 20 candidates compiled" in out, err
+    code, _, err = run_cli(capsys, "tune", _lowered_fir(capsys, tmp_path), "--compile-only")
+    assert code == 1 and "already lowered" in err, err
+    other = tmp_path / "notes.txt"
+    other.write_text("x = 1\n")
+    code, _, err = run_cli(capsys, "tune", other, "--compile-only")
+    assert code == 1 and err.startswith("fusionc: "), err
+
+
+def test_tune_when_no_candidate_compiles(capsys, tmp_cache):
+    code, out, err = run_cli(capsys, "tune", LLAMA2, *SMALL, "--graph", "attention",
+                             "--batch", "100000", "--compile-only")
+    assert code == 1 and "0 candidates" not in out, out
+    assert "no candidate of the autotuning search compiles at batch 100000" in err, err
