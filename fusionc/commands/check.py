@@ -76,7 +76,8 @@ def simulator_check(g, lowered, batch: int = 2, seed: int = 0) -> str:
 def random_inputs(g, batch: int, rng, max_len: int = 37) -> dict:
     """Fresh random inputs (float32): weights scaled by 1/sqrt(fan-in), KV rows of different
     lengths in 1..min(max_len, max_seq) (the first row the longest) with NaN past each length,
-    positions = length - 1, seq_lens = length. Caches are the rank-4 parameters
+    positions = length - 1 (:func:`positions_params`), other integer vectors (seq_lens) =
+    length. Caches are the rank-4 parameters
     ``[B, S, kv_heads, D]`` and rank-3 parameters named ``*cache*`` (MLA's ``[B, S, W]``)."""
     import numpy as np
     out = {}
@@ -95,8 +96,25 @@ def random_inputs(g, batch: int, rng, max_len: int = 37) -> dict:
                 lens = rng.integers(1, top + 1, batch)
                 lens[0] = top
             out[p.name][np.arange(p.type.shape[1])[None, :] >= lens[:, None]] = np.nan
+    pos = positions_params(g)
     for p in g.params:
         if not p.type.dtype.is_float:
             n = lens if lens is not None else np.ones(batch, int)
-            out[p.name] = (n - (p.name.startswith("pos"))).astype(p.type.dtype.numpy)
+            out[p.name] = (n - (p.name in pos)).astype(p.type.dtype.numpy)
     return out
+
+
+def positions_params(g) -> set[str]:
+    """Names of the parameters of ``g`` that are positions: used as the ``positions`` operand
+    of an op (kv_cache_append, rope, ...), or named ``pos*`` and not used as ``seq_lens``."""
+    from fusionc.ir.registry import lookup
+    slots: dict[str, set] = {}
+    for op in (o for top in g.body for o in top.walk()):
+        d = lookup(op.name)
+        names = [s.rstrip("?*") for s in d.operands] if d is not None else []
+        for i, v in enumerate(op.operands):
+            if names:
+                slots.setdefault(v.name, set()).add(names[min(i, len(names) - 1)])
+    return {p.name for p in g.params
+            if "positions" in slots.get(p.name, ())
+            or (p.name.startswith("pos") and "seq_lens" not in slots.get(p.name, ()))}

@@ -139,3 +139,18 @@ def test_tune_when_no_candidate_compiles(capsys, tmp_cache):
                              "--batch", "100000", "--compile-only")
     assert code == 1 and "0 candidates" not in out, out
     assert "no candidate of the autotuning search compiles at batch 100000" in err, err
+
+
+# ---- item 10: the check's positions come from how a parameter is used, not its name
+
+def test_positions_parameter_of_any_name(capsys, tmp_path, tmp_cache):
+    from fusionc.commands.check import positions_params
+    from fusionc.ir import parse_module, print_module
+    from tests.passes.graphs import example
+    m = example("llama2_7b", hidden=256, heads=2, intermediate=512, max_seq=16)
+    text = print_module(m).replace("%positions", "%where").replace("%seq_lens", "%pos_lens")
+    assert positions_params(parse_module(text)["attention"]) == {"where"}
+    path = tmp_path / "where.fir"
+    path.write_text(text)
+    code, out, err = run_cli(capsys, "compile", path, "--graph", "attention", "-o", tmp_path)
+    assert code == 0 and "simulator check @attention" in out and " ok" in out, err
