@@ -37,8 +37,10 @@ def setup(p):
                    help="run the default pipeline up to PASS and print the IR after it")
     p.add_argument("--passes", metavar="PIPELINE",
                    help='run this pipeline first, e.g. "partition-cluster{size=4},fuse"')
-    p.add_argument("--batch", type=int, default=1, help="batch for the cost table (default 1)")
-    p.add_argument("--kv-len", type=int, default=4096,
+    from fusionc.commands.compile import positive_int
+    p.add_argument("--batch", type=positive_int, default=1,
+                   help="batch for the cost table (default 1)")
+    p.add_argument("--kv-len", type=positive_int, default=4096,
                    help="KV length for the cost table (default 4096)")
 
     def run(args):

@@ -154,3 +154,14 @@ def test_positions_parameter_of_any_name(capsys, tmp_path, tmp_cache):
     path.write_text(text)
     code, out, err = run_cli(capsys, "compile", path, "--graph", "attention", "-o", tmp_path)
     assert code == 0 and "simulator check @attention" in out and " ok" in out, err
+
+
+# ---- item 11: the cost table's batch and KV length are positive
+
+@pytest.mark.parametrize("flag, value", [("--batch", "-1"), ("--kv-len", "-5"),
+                                         ("--batch", "0")])
+def test_cost_table_sizes_must_be_positive(capsys, flag, value):
+    with pytest.raises(SystemExit) as info:
+        fusionc.cli.main(["ir", LLAMA2, *SMALL, "--after", "partition-cluster", flag, value])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"argument {flag}" in err and "is not positive" in err, err
