@@ -32,7 +32,7 @@ from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.verifier import verify_graph
 from fusionc.lower.attention import lower_attention
-from fusionc.lower.match import AttentionStage
+from fusionc.lower.match import AttentionStage, MLPStage
 from fusionc.lower.match_mla import MLAStage
 from fusionc.lower.mla import lower_mla
 from fusionc.lower.mlp import lower_mlp
@@ -117,9 +117,7 @@ class PartitionCluster(Pass):
             except (LoweringError, VerifyError, CompileError) as e:
                 errors.append((_ctas(st, cfg), e))
         if not options and not errors:
-            raise LoweringError("no cluster configuration divides this block's sizes",
-                                op=self.name, loc=st.ops[0].loc,
-                                valid="another cluster size, or size=0 to search")
+            raise self.no_config(st)
         if not options:
             # MLA: the configuration with the most CTAs explains best (it has the most work
             # units); otherwise the first one tried
@@ -127,6 +125,22 @@ class PartitionCluster(Pass):
             raise LoweringError(f"no configuration fits: {e.message}", op=e.op or self.name,
                                 loc=st.ops[0].loc, valid=e.valid or "a smaller max_batch")
         return min(options, key=lambda t: t[0])[1]
+
+    def no_config(self, st) -> LoweringError:
+        """Why ``st`` has no candidate configuration, suggesting only what was not tried."""
+        search = "" if self.size == 0 else ", or size=0 to search every cluster size"
+        if isinstance(st, MLPStage):
+            inter, sizes = st.gate.rows, SIZES if self.size == 0 else (self.size,)
+            fit = -(-inter // 128) * 128
+            return LoweringError(
+                f"intermediate {inter} splits over no grid of clusters of "
+                f"{', '.join(map(str, sizes))} CTAs "
+                f"({'splitn or splitk' if self.scheme == 'auto' else self.scheme})", op=self.name,
+                loc=st.ops[0].loc, valid=f"an intermediate size that is a multiple of 128, "
+                f"e.g. {fit}{search}")
+        return LoweringError("no cluster configuration divides this block's sizes",
+                             op=self.name, loc=st.ops[0].loc,
+                             valid="other sizes" + (search or " (every cluster size was tried)"))
 
     def configs(self, st):
         """Candidate configurations of a stage: (cluster size, scheme) for attention, (cluster size,
