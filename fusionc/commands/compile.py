@@ -68,7 +68,8 @@ def compile_main(args) -> int:
     failed, done = False, set()
     for g in graphs:
         lowered = module if lowered_input else _lower(g, args, out)
-        _compile_kernels(lowered, g.name, out, done, lowered_input)
+        _compile_kernels(lowered, g.name, out, done if lowered_input else set(),
+                         lowered_input)
         if not args.no_check and not lowered_input:
             failed = not _check(g, lowered, args) or failed
     print(f"wrote {out}/")

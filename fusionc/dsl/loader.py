@@ -104,14 +104,23 @@ def _check_sizes(build, sizes: dict, p: Path) -> None:
     if unknown:
         raise DSLError(f"build() of {p} has no size {', '.join(map(repr, unknown))}",
                        valid=", ".join(params) or "no sizes")
-    for name, value in sizes.items():  # -D values arrive as int, float or str
-        want = params[name].annotation
-        if want in (int, "int") and not isinstance(value, int) or \
-                want in (float, "float") and not isinstance(value, (int, float)):
+    for name, value in sizes.items():  # -D values arrive as int, float, bool or str
+        want, default = params[name].annotation, params[name].default
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if want in (int, "int") and not (number and isinstance(value, int)) or \
+                want in (float, "float") and not number:
             kind = want if isinstance(want, str) else want.__name__
             raise DSLError(f"size {name} = {value!r} for build() of {p}",
                            valid=f"{'an integer' if kind == 'int' else 'a number'} "
                                  f"(build() declares {name}: {kind})")
+        if want in (int, "int") and _positive(default) and value < 1:
+            raise DSLError(f"size {name} = {value!r} for build() of {p}",
+                           valid=f"a positive integer (the default is {default})")
+
+
+def _positive(v) -> bool:
+    """Whether ``v`` is a positive int (a default that marks a size, such as heads = 32)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def _call(build, sizes: dict, p: Path):

@@ -70,22 +70,25 @@ class PartitionCluster(Pass):
             raise LoweringError(f"grid = {self.grid}, max_batch = {self.max_batch}",
                                 op=self.name, valid="grid >= 0 (0: cost model), max_batch >= 1")
         items: list[Graph] = []
+        taken = set(module.names)   # kernel names must not clash with a graph's (@mlp_k0)
         for g in module.graphs:
             if g.kind != "graph":
                 items.append(g)
                 continue
-            host, kernels = self.lower_graph(g)
+            host, kernels = self.lower_graph(g, taken)
             items += kernels + [host]
         return Module(tuple(items))
 
-    def lower_graph(self, g: Graph) -> tuple[Graph, list[Graph]]:
-        """The host graph of launches and the kernels of graph ``g``."""
+    def lower_graph(self, g: Graph, taken: set | None = None) -> tuple[Graph, list[Graph]]:
+        """The host graph of launches and the kernels of graph ``g``, named ``<g>_k<i>``
+        (``<g>_k<i>_<j>`` where that name is in ``taken``, which gets the names used)."""
+        taken = set() if taken is None else taken
         _check_dims(g)
         replaced: dict[int, Op | None] = {}
         kernels = []
         for i, st in enumerate(find_stages(g)):
             _used_only_inside(g, st)
-            k = self.best_kernel(st, f"{g.name}_k{i}")
+            k = self.best_kernel(st, _fresh(f"{g.name}_k{i}", taken))
             inner = {r.name: op for op in st.ops for r in op.results}
             for p in k.params:
                 if p.name in inner and p.name != st.out.name:  # a residual from inside
@@ -245,3 +248,13 @@ def _launch(k: Graph, st) -> Op:
 
 
 __all__ = ["PartitionCluster", "Value"]
+
+
+def _fresh(name: str, taken: set) -> str:
+    """``name``, or ``name_1``, ``name_2``, ... when taken; the result is added to ``taken``."""
+    out, j = name, 0
+    while out in taken:
+        j += 1
+        out = f"{name}_{j}"
+    taken.add(out)
+    return out

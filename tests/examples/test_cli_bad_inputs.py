@@ -165,3 +165,27 @@ def test_cost_table_sizes_must_be_positive(capsys, flag, value):
         fusionc.cli.main(["ir", LLAMA2, *SMALL, "--after", "partition-cluster", flag, value])
     err = capsys.readouterr().err
     assert info.value.code == 2 and f"argument {flag}" in err and "is not positive" in err, err
+
+
+# ---- item 15: generated kernel names, and -D sizes
+
+def test_graph_named_like_a_generated_kernel(capsys, tmp_path):
+    src = tmp_path / "k0.py"
+    src.write_text("import fusionc as fc\nfrom fusionc.models.blocks import mlp_block\n\n\n"
+                   "def build():\n"
+                   "    a = mlp_block(hidden=256, intermediate=512, eps=1e-5, dtype='f16')['mlp']\n"
+                   "    return fc.module(a, a.replace(name='mlp_k0'))\n")
+    code, out, err = run_cli(capsys, "ir", src, "--after", "partition-cluster")
+    assert code == 0, err
+    names = [line.split()[1].split("(")[0] for line in out.splitlines()
+             if line.startswith(("kernel", "graph"))]
+    assert len(names) == len(set(names)) == 4 and "@mlp_k0" in names, names
+
+
+@pytest.mark.parametrize("size, fragment", [
+    ("heads=0", "size heads = 0"), ("max_seq=0", "size max_seq = 0"),
+    ("head_dim=0", "size head_dim = 0"), ("hidden=-4", "size hidden = -4"),
+    ("hidden=True", "size hidden = True"), ("eps=True", "size eps = True")])
+def test_bad_sizes_are_named(capsys, size, fragment):
+    code, out, err = run_cli(capsys, "ir", LLAMA2, "-D", size)
+    assert code == 1 and out == "" and fragment in err and "valid:" in err, err
