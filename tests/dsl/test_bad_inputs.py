@@ -45,3 +45,20 @@ def test_float_attributes_in_ir_text_are_checked_against_fp32(tmp_path, capsys):
               "  return %0\n}\n")
     with pytest.raises(VerifyError, match="'rope'.*overflows fp32"):
         fc.compile(parse_module(scaled))
+
+
+# ---- item 16: IR errors about parameters and dims point at their line:column
+
+@pytest.mark.parametrize("text, line, col, fragment", [
+    ("graph @f(%x: f16[B, 8], %x: f16[B, 8]) {\n  return %x\n}\n", 1, 25,
+     "value %x is defined twice"),
+    ("graph @f(\n    %x: f16[B, 0]) {\n  return %x\n}\n", 2, 16,
+     "bad dimension 0 in f16[B, 0] of %x"),
+    ("kernel @k {grid = 1, cluster = 1, threads = 32, max_batch = 1}"
+     "(%a: f32[4],\n %b: f32[4], %a: f32[4]) {\n  return %b\n}\n", 2, 14,
+     "value %a is defined twice")])
+def test_ir_param_and_dim_errors_are_located(text, line, col, fragment):
+    with pytest.raises(VerifyError) as info:
+        parse_module(text, "t.fir")
+    msg = str(info.value)
+    assert msg.startswith(f"t.fir:{line}:{col}: verify error: ") and fragment in msg, msg
