@@ -62,3 +62,27 @@ def test_ir_param_and_dim_errors_are_located(text, line, col, fragment):
         parse_module(text, "t.fir")
     msg = str(info.value)
     assert msg.startswith(f"t.fir:{line}:{col}: verify error: ") and fragment in msg, msg
+
+
+# ---- item 17: FUSIONC_DUMP needs its after: prefix
+
+@pytest.mark.parametrize("dump, fragment", [("fuse", "lacks 'after:'"), ("all", "lacks"),
+                                            ("after:nope", "names no pass")])
+def test_dump_request_without_after(monkeypatch, dump, fragment):
+    from fusionc.errors import PassError
+    from fusionc.passes import run_pipeline
+    from tests.passes.graphs import example
+    m = example("llama2_7b", hidden=256, heads=2, intermediate=512)
+    monkeypatch.setenv("FUSIONC_DUMP", dump)
+    with pytest.raises(PassError, match=fragment) as info:
+        run_pipeline(fc.module(m["mlp"]), "partition-cluster{size=2},fuse")
+    assert "after:all or after:NAME" in str(info.value)
+
+
+def test_dump_after_a_pass(monkeypatch, capsys):
+    from fusionc.passes import run_pipeline
+    from tests.passes.graphs import example
+    m = example("llama2_7b", hidden=256, heads=2, intermediate=512)
+    monkeypatch.setenv("FUSIONC_DUMP", "after:fuse")
+    run_pipeline(fc.module(m["mlp"]), "partition-cluster{size=2},fuse")
+    assert "// ----- IR after fuse" in capsys.readouterr().err
