@@ -6,7 +6,7 @@ import pytest
 
 import fusionc as fc
 from fusionc import f16, i32
-from fusionc.errors import DSLError, ParseError, VerifyError
+from fusionc.errors import DSLError, VerifyError
 from fusionc.ir import parse_module
 
 
