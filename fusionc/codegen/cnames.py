@@ -36,8 +36,17 @@ def f32_literal(x: float) -> str:
 
 
 def ident(prefix: str, name: str) -> str:
-    """A C identifier for IR name ``name`` (``%xt.1`` -> ``v_xt_1``)."""
-    return f"{prefix}_{_IDENT.sub('_', name)}"
+    """A C identifier for IR name ``name``, one-to-one: letters, digits and ``_`` stay, ``.``
+    is ``_Zd`` and any other character ``_Zx<hex>_``; a literal ``_Z`` is ``_ZZ`` (so ``%w.down``
+    -> ``v_w_Zddown`` differs from ``%w_down`` -> ``v_w_down``)."""
+    return f"{prefix}_{_escape(name)}"
+
+
+def _escape(name: str) -> str:
+    out = name.replace("_Z", "_ZZ")
+    if not _IDENT.search(out):
+        return out
+    return _IDENT.sub(lambda m: "_Zd" if m[0] == "." else f"_Zx{ord(m[0]):x}_", out)
 
 
 def dim_name(symbol: str) -> str:

@@ -6,6 +6,8 @@ import argparse
 import pathlib
 
 from fusionc.cli import command
+from fusionc.commands.check import (  # noqa: F401  (public here: fusionc.tune, tests)
+    check_batch, check_plan, random_inputs, simulator_check)
 
 _EPILOG = """\
 writes into DIR:
@@ -22,6 +24,9 @@ examples:
 """
 
 
+DEFAULT_MAX_BATCH = 8
+
+
 @command("compile", "compile a DSL file to CUDA and sm_90a cubins (no GPU needed)")
 def setup(p):
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -35,8 +40,8 @@ def setup(p):
                    help="cluster size (0: cost model)")
     p.add_argument("--scheme", default="auto", choices=("auto", "splitk", "splitn"),
                    help="QKV (attention) and gate/up (MLP) scheme")
-    p.add_argument("--max-batch", type=positive_int, default=8,
-                   help="batch bucket (default 8)")
+    p.add_argument("--max-batch", type=positive_int, default=None,
+                   help=f"batch bucket (default {DEFAULT_MAX_BATCH})")
     p.add_argument("--passes", metavar="PIPELINE", help="pipeline string (overrides the above)")
     p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
                    help="v1: cluster kernels per block (default); v2: streamed persistent "
@@ -49,85 +54,144 @@ def setup(p):
 
 
 def compile_main(args) -> int:
-    """Run ``fusionc compile`` (see the command's help); returns the exit status."""
-    from fusionc.codegen.compile import compile_kernel
+    """Run ``fusionc compile`` (see the command's help); returns the exit status.
+
+    Raises:
+        FusionError: bad input; InputError for lowering options given with an already
+            lowered .fir file, or files that cannot be written.
+    """
     from fusionc.commands.ir import load, parse_sizes
-    from fusionc.ir import Module, print_module
-    from fusionc.passes import run_pipeline
-    from fusionc.comm.kernel import compile_spec
-    from fusionc.comm.kernel import render as render_comm
-    from fusionc.errors import DSLError
-    from fusionc.runtime.compiled import check_launches_only
+    from fusionc.ir.fp32 import check_fp32_attrs
     module = load(args.source, parse_sizes(args.sizes))
+    check_fp32_attrs(module)   # fp32 on the GPU and in the check's arithmetic
+    graphs = _chosen_graphs(module, args)
+    lowered_input = any(g.kind == "kernel" for g in module.graphs)
+    if lowered_input:
+        _refuse_lowering_options(args)
+    out = make_out_dir(args.out)
+    failed, done = False, set()
+    for g in graphs:
+        lowered = module if lowered_input else _lower(g, args, out)
+        _compile_kernels(lowered, g.name, out, done if lowered_input else set(),
+                         lowered_input)
+        if not args.no_check and not lowered_input:
+            failed = not _check(g, lowered, args) or failed
+    print(f"wrote {out}/")
+    return 1 if failed else 0
+
+
+def _chosen_graphs(module, args) -> list:
+    from fusionc.errors import DSLError
     graphs = [g for g in module.graphs if g.kind == "graph"
               and (args.graph is None or g.name == args.graph)]
     if not graphs:
         what = f"no graph named '{args.graph}'" if args.graph else f"no graph in {args.source}"
         raise DSLError(what, valid=", ".join(g.name for g in module.graphs
                                              if g.kind == "graph") or "a file with a graph")
-    out = make_out_dir(args.out)
-    lowered_input = any(g.kind == "kernel" for g in module.graphs)
+    return graphs
+
+
+_LOWERING_OPTIONS = (("cluster", "--cluster", 0), ("scheme", "--scheme", "auto"),
+                     ("max_batch", "--max-batch", None), ("passes", "--passes", None),
+                     ("lowering", "--lowering", "v1"))
+
+
+def _refuse_lowering_options(args) -> None:
+    """An already lowered module has its cluster, scheme, batch and passes fixed."""
+    from fusionc.errors import InputError
+    given = [flag for attr, flag, default in _LOWERING_OPTIONS
+             if getattr(args, attr) != default]
+    if given:
+        raise InputError(f"{', '.join(given)} given for {args.source}, which is already lowered "
+                         "(it has kernels)", valid=f"drop {', '.join(given)}, or compile the "
+                         "graph-IR file (e.g. <graph>.0-input.fir)")
+
+
+def _lower(g, args, out: pathlib.Path):
+    """Run the pipeline on ``g``, writing the IR before and after every pass into ``out``."""
+    from fusionc.ir import Module, print_module
+    from fusionc.passes import run_pipeline
     from fusionc.runtime.compiled import pipeline_for
-    failed = False
-    for g in graphs:
-        stage = [0]
+    stage = [0]
 
-        def dump(spec, m, g=g, stage=stage):
-            stage[0] += 1
-            name = spec.split("{")[0]
-            (out / f"{g.name}.{stage[0]}-{name}.fir").write_text(print_module(m))
-        if lowered_input:  # an already lowered module (e.g. a saved *-fuse.fir): its kernels
-            lowered = module
-        else:
-            (out / f"{g.name}.0-input.fir").write_text(print_module(Module((g,))))
-            pipeline = args.passes or lowering_pipeline(g, args)
-            lowered = run_pipeline(Module((g,)), pipeline, on_stage=dump)
-        check_launches_only(lowered[g.name])
-        specs = comm_specs(lowered[g.name])   # before any kernel: size errors come first
-        for k in (x for x in lowered.graphs if x.kind == "kernel"):
-            ck = compile_kernel(k)
-            (out / f"{k.name}.cu").write_text(ck.source.source)
-            (out / f"{k.name}.cubin").write_bytes(ck.cubin)
-            print(ck.report())
-        for spec in specs:   # the collectives' kernels (both algorithms, every chunk)
-            result, _ = compile_spec(spec)
-            (out / f"{spec.name}.cu").write_text(render_comm(spec))
-            (out / f"{spec.name}.cubin").write_bytes(result.cubin)
-            print(f"{spec.name}: {spec.threads} threads, {result.kernels[spec.name].registers} "
-                  "registers (all_reduce over NVLink peer-to-peer)")
-        if not args.no_check and not lowered_input:
-            mb = min([k.attr("max_batch") for k in lowered.graphs if k.kind == "kernel"]
-                     or [args.max_batch])
-            try:
-                line = simulator_check(g, lowered, _check_batch(g, mb))
-            except MemoryError:
-                from fusionc.errors import InputError
-                raise InputError(f"the simulator check of @{g.name} does not fit in memory "
-                                 "(random inputs at these sizes)",
-                                 valid="smaller sizes (-D), or --no-check") from None
-            print(line)
-            failed = failed or line.endswith("FAILED")
-    print(f"wrote {out}/")
-    return 1 if failed else 0
-
-
-def lowering_pipeline(g, args) -> str:
-    """The pipeline of ``--lowering`` (v2: :func:`fusionc.passes.stream.v2_pipeline`)."""
-    from fusionc.runtime.compiled import pipeline_for
+    def dump(spec, m):
+        stage[0] += 1
+        write_file(out / f"{g.name}.{stage[0]}-{spec.split('{')[0]}.fir", print_module(m))
+    write_file(out / f"{g.name}.0-input.fir", print_module(Module((g,))))
+    max_batch = args.max_batch or DEFAULT_MAX_BATCH
     if getattr(args, "lowering", "v1") == "v2":
         from fusionc.passes.stream import v2_pipeline
-        return v2_pipeline(args.max_batch)
-    return pipeline_for(g, args.max_batch, args.cluster, args.scheme)
+        default = v2_pipeline(max_batch)
+    else:
+        default = pipeline_for(g, max_batch, args.cluster, args.scheme)
+    return run_pipeline(Module((g,)), args.passes or default, on_stage=dump)
 
 
-def _check_batch(g, max_batch: int) -> int:
-    """Rows for the simulator check: the graph's static batch (the length of its integer
-    vectors, positions and seq_lens, else the first input's leading dim), else 2 (at most
-    max_batch)."""
-    ints = [p.type.shape[0] for p in g.params if p.type.rank == 1 and not p.type.dtype.is_float]
-    first = [p.type.shape[0] for p in g.params[:1] if p.type.rank]
-    lead = (ints or first or ["B"])[0]
-    return lead if isinstance(lead, int) else max(1, min(2, max_batch))
+def _compile_kernels(lowered, name: str, out: pathlib.Path, done: set, only_launched: bool):
+    """Compile the kernels and collectives host graph ``name`` launches (those not in
+    ``done`` yet: a lowered file's graphs may share kernels); write .cu and .cubin files."""
+    from fusionc.codegen.compile import compile_kernel
+    from fusionc.comm.kernel import compile_spec
+    from fusionc.comm.kernel import render as render_comm
+    from fusionc.runtime.compiled import check_launches_only
+    host = lowered[name]
+    check_launches_only(host)
+    specs = comm_specs(host)   # before any kernel: size errors come first
+    launched = {op.attr("kernel").name for op in host.body if op.name == "launch"}
+    for k in lowered.graphs:
+        if k.kind != "kernel" or k.name in done or (only_launched and k.name not in launched):
+            continue
+        done.add(k.name)
+        ck = compile_kernel(k)
+        write_file(out / f"{k.name}.cu", ck.source.source)
+        write_file(out / f"{k.name}.cubin", ck.cubin)
+        print(ck.report())
+    for spec in specs:   # the collectives' kernels (both algorithms, every chunk)
+        if spec.name in done:
+            continue
+        done.add(spec.name)
+        result, _ = compile_spec(spec)
+        write_file(out / f"{spec.name}.cu", render_comm(spec))
+        write_file(out / f"{spec.name}.cubin", result.cubin)
+        print(f"{spec.name}: {spec.threads} threads, {result.kernels[spec.name].registers} "
+              "registers (all_reduce over NVLink peer-to-peer)")
+
+
+def _check(g, lowered, args) -> bool:
+    """Print the simulator check's line (or why it is skipped); False when it FAILED."""
+    from fusionc.errors import InputError
+    mb = min([k.attr("max_batch") for k in lowered.graphs if k.kind == "kernel"]
+             or [args.max_batch or DEFAULT_MAX_BATCH])
+    batch, skip = check_plan(g, check_batch(g, mb))
+    if skip:
+        print(skip)
+        return True
+    try:
+        line = simulator_check(g, lowered, batch)
+    except MemoryError:
+        raise InputError(f"the simulator check of @{g.name} does not fit in memory "
+                         "(random inputs at these sizes)",
+                         valid="smaller sizes (-D), or --no-check") from None
+    print(line)
+    return not line.endswith("FAILED")
+
+
+def write_file(path: pathlib.Path, data: str | bytes) -> None:
+    """Write text or bytes to ``path``; InputError (naming the file and why) when it cannot be
+    written: a read-only folder, a folder in its place, a name too long."""
+    import errno
+
+    from fusionc.errors import InputError
+    try:
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data)
+    except OSError as e:
+        valid = {errno.ENAMETOOLONG: "a shorter graph name (file names are at most 255 bytes)",
+                 errno.EISDIR: f"remove the folder {path.name} or choose another -o",
+                 }.get(e.errno, "a writable output folder (-o)")
+        raise InputError(f"cannot write {path}: {e.strerror or e}", valid=valid) from None
 
 
 def make_out_dir(path: str) -> pathlib.Path:
@@ -166,28 +230,6 @@ def codegen_options_arg(spec: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def simulator_check(g, lowered, batch: int = 2, seed: int = 0) -> str:
-    """Run the lowered module in the simulator and the graph in the interpreter on the same
-    random inputs; one line with the relative error of each output."""
-    import numpy as np
-    from fusionc.interp import interpret
-    from fusionc.interp.numerics import defined_relative_error
-    from fusionc.sim import simulate
-    rng = np.random.default_rng(seed)
-    args = random_inputs(g, batch, rng)
-    groups = [op.attr("group") for op in g.body if op.name.startswith("all_reduce")]
-    if groups:   # tensor parallelism: every simulated rank gets the same inputs
-        ranks = [args] * max(groups)
-        ref, got = interpret(g, ranks)[0], simulate(lowered, ranks, graph=g.name)[0]
-    else:
-        ref, got = interpret(g, args), simulate(lowered, args, graph=g.name)
-    errs = [defined_relative_error(a, r) for a, r in zip(got, ref)]
-    ok = all(e <= 1e-2 for e in errs)
-    return (f"simulator check @{g.name} (batch {batch}): "
-            + ", ".join(f"{v.name} {e:.1e}" for v, e in zip(g.outputs, errs))
-            + (" ok" if ok else " FAILED"))
-
-
 def comm_specs(host) -> list:
     """The all-reduce kernels that the collectives of lowered host graph ``host`` may launch:
     one-shot and two-shot, every chunk size a call can pick (:mod:`fusionc.comm.kernel`)."""
@@ -212,32 +254,3 @@ def comm_specs(host) -> list:
                 raise e.with_loc(op.loc) from None
             out += [dataclasses.replace(s, chunk=c) for c in (1, 2, 4, 8) if c <= s.chunk]
     return list(dict.fromkeys(out))
-
-
-def random_inputs(g, batch: int, rng, max_len: int = 37) -> dict:
-    """Fresh random inputs (float32): weights scaled by 1/sqrt(fan-in), KV rows of different
-    lengths in 1..min(max_len, max_seq) (the first row the longest) with NaN past each length,
-    positions = length - 1, seq_lens = length. Caches are the rank-4 parameters
-    ``[B, S, kv_heads, D]`` and rank-3 parameters named ``*cache*`` (MLA's ``[B, S, W]``)."""
-    import numpy as np
-    out = {}
-    for p in g.params:
-        shape = tuple(batch if isinstance(d, str) else d for d in p.type.shape)
-        if p.type.dtype.is_float:
-            a = rng.standard_normal(shape, dtype=np.float32)
-            if len(shape) == 2 and shape[0] != batch:
-                a /= np.sqrt(shape[1])
-            out[p.name] = a
-    lens = None
-    for p in g.params:   # KV caches [B, S, kv_heads, D] and MLA latent caches [B, S, W]
-        if p.type.rank == 4 or (p.type.rank == 3 and "cache" in p.name):
-            if lens is None:
-                top = min(max_len, p.type.shape[1])
-                lens = rng.integers(1, top + 1, batch)
-                lens[0] = top
-            out[p.name][np.arange(p.type.shape[1])[None, :] >= lens[:, None]] = np.nan
-    for p in g.params:
-        if not p.type.dtype.is_float:
-            n = lens if lens is not None else np.ones(batch, int)
-            out[p.name] = (n - (p.name.startswith("pos"))).astype(p.type.dtype.numpy)
-    return out

@@ -42,8 +42,10 @@ def setup(p):
                         "(partition-units,stream-plan,insert-barriers,smem-plan)")
     p.add_argument("--max-batch", type=int, default=8,
                    help="batch bucket of the v2 pipeline (default 8)")
-    p.add_argument("--batch", type=int, default=1, help="batch for the cost table (default 1)")
-    p.add_argument("--kv-len", type=int, default=4096,
+    from fusionc.commands.compile import positive_int
+    p.add_argument("--batch", type=positive_int, default=1,
+                   help="batch for the cost table (default 1)")
+    p.add_argument("--kv-len", type=positive_int, default=4096,
                    help="KV length for the cost table (default 4096)")
 
     def run(args):

@@ -7,7 +7,7 @@ from fusionc.commands.compile import positive_int
 
 @command("tune", "measure cluster size, scheme and gemv depth on the GPU; store the fastest")
 def setup(p):
-    p.add_argument("source", help="a DSL file (.py)")
+    p.add_argument("source", help="a DSL file (.py) or graph-IR text (.fir)")
     p.add_argument("--batch", type=positive_int, default=1, help="batch bucket (default 1)")
     p.add_argument("--kv-len", type=positive_int, default=4096, help="KV length (default 4096)")
     p.add_argument("--graph", metavar="NAME", help="tune only this graph")
@@ -25,6 +25,11 @@ def setup(p):
         if "max_seq" in build_parameters(args.source):
             sizes.setdefault("max_seq", args.kv_len)
         module = load(args.source, sizes)
+        if any(g.kind == "kernel" for g in module.graphs):
+            from fusionc.errors import InputError
+            raise InputError(f"{args.source} is already lowered (it has kernels): there is "
+                             "nothing left to tune", valid="a DSL file (.py) or graph-IR "
+                             "text (.fir), e.g. <graph>.0-input.fir of fusionc compile")
         if args.graph is not None and args.graph not in module.names:
             from fusionc.errors import DSLError
             raise DSLError(f"no graph named '{args.graph}'", valid=", ".join(module.names))

@@ -15,6 +15,7 @@ import numpy as np
 from fusionc.dsl.source import as_dsl_error, user_loc
 from fusionc.dsl.tensor import Tracer
 from fusionc.errors import DSLError, FusionError, Loc
+from fusionc.ir.fp32 import check_fp32_op
 from fusionc.ir.nodes import Graph, Op, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.types import TensorType
@@ -65,6 +66,7 @@ class Builder:
         try:
             canon = d.make_attrs({k: _plain(v) for k, v in attrs.items()}, loc)
             op = Op(opname, (), tuple(operands), canon, (), loc)
+            check_fp32_op(op)
             types = tuple(d.infer(op))
             op = op.replace(results=self._results(types, names, loc))
             verify_op(op, "graph")

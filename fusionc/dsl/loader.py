@@ -55,10 +55,13 @@ def load_file(path: str | Path, **sizes) -> Module:
 
 
 def build_parameters(path: str | Path) -> tuple[str, ...]:
-    """The parameter names of ``build()`` in DSL file ``path`` (empty without one)."""
+    """The parameter names of ``build()`` in DSL file ``path`` (empty without one, and for a
+    file that is not ``.py``). Raises DSLError for a missing file or one that fails to run."""
     p = Path(path)
     if not p.is_file():
         raise DSLError(f"cannot read {p}: {'a folder' if p.is_dir() else 'no such file'}")
+    if p.suffix != ".py":   # IR text and other files have no build()
+        return ()
     with _on_path(str(p.parent.resolve())):
         build = getattr(_exec(p), "build", None)
     return tuple(inspect.signature(build).parameters) if callable(build) else ()
@@ -77,6 +80,9 @@ def _on_path(folder: str):
 def _exec(p: Path):
     name = f"_fusionc_dsl_file_{p.stem}_{next(_COUNTER)}"
     spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None:   # not a Python source file name
+        raise DSLError(f"cannot load {p} as Python", loc=Loc(str(p), 1),
+                       valid="a DSL file named *.py, or IR text named *.fir")
     pymod = importlib.util.module_from_spec(spec)
     sys.modules[name] = pymod
     try:
@@ -98,14 +104,23 @@ def _check_sizes(build, sizes: dict, p: Path) -> None:
     if unknown:
         raise DSLError(f"build() of {p} has no size {', '.join(map(repr, unknown))}",
                        valid=", ".join(params) or "no sizes")
-    for name, value in sizes.items():  # -D values arrive as int, float or str
-        want = params[name].annotation
-        if want in (int, "int") and not isinstance(value, int) or \
-                want in (float, "float") and not isinstance(value, (int, float)):
+    for name, value in sizes.items():  # -D values arrive as int, float, bool or str
+        want, default = params[name].annotation, params[name].default
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if want in (int, "int") and not (number and isinstance(value, int)) or \
+                want in (float, "float") and not number:
             kind = want if isinstance(want, str) else want.__name__
             raise DSLError(f"size {name} = {value!r} for build() of {p}",
                            valid=f"{'an integer' if kind == 'int' else 'a number'} "
                                  f"(build() declares {name}: {kind})")
+        if want in (int, "int") and _positive(default) and value < 1:
+            raise DSLError(f"size {name} = {value!r} for build() of {p}",
+                           valid=f"a positive integer (the default is {default})")
+
+
+def _positive(v) -> bool:
+    """Whether ``v`` is a positive int (a default that marks a size, such as heads = 32)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def _call(build, sizes: dict, p: Path):

@@ -52,7 +52,7 @@ def parse_module(text: str, filename: str | None = None, verify: bool = True) ->
         raise ParseError(f"cannot parse: {type(e).__name__}", loc=Loc(filename, 1, 1)) from None
     from fusionc.ir.verifier import verify_module
     try:
-        module = _Builder(filename).module(tree)
+        module = _Builder(filename, verify).module(tree)
         if verify:
             verify_module(module)
     except RecursionError:
@@ -84,8 +84,9 @@ def _syntax_error(e: UnexpectedInput, text: str, filename: str | None) -> ParseE
 class _Builder:
     """Turns a parse tree into nodes. Scopes map value names to values."""
 
-    def __init__(self, filename: str | None):
-        self.filename = filename
+    def __init__(self, filename: str | None, verify: bool = True):
+        # verify: also check what the verifier would, where only the parser knows the column
+        self.filename, self.verify = filename, verify
 
     def loc(self, node) -> Loc:
         if isinstance(node, lark.Token):
@@ -107,7 +108,7 @@ class _Builder:
             if c.data == "attr_dict":
                 attrs = kind.make_attrs(self.attr_dict(c), self.loc(c))
             elif c.data == "param":
-                params.append(Value(str(c.children[0])[1:], self.type(c.children[1])))
+                params.append(self.param(c, params))
             elif c.data == "stmt":
                 stmts.append(c)
             else:
@@ -116,6 +117,16 @@ class _Builder:
         body = tuple(self.stmt(s, scope) for s in stmts)
         outputs = tuple(self.use(tok, scope) for tok in ret.children)
         return Graph(str(sym)[1:], tuple(params), body, outputs, kind.name, attrs, self.loc(t))
+
+    def param(self, c, params: list) -> Value:
+        """A parameter ``%name: type``; with ``verify``, VerifyError at the name for a second
+        parameter of that name."""
+        tok = c.children[0]
+        name = str(tok)[1:]
+        if self.verify and any(p.name == name for p in params):
+            raise VerifyError(f"value %{name} is defined twice", loc=self.loc(tok),
+                              valid="a fresh name (SSA: one definition per value)")
+        return Value(name, self.type(c.children[1], name))
 
     def use(self, tok, scope) -> Value:
         name = str(tok)[1:]
@@ -199,18 +210,24 @@ class _Builder:
         except ValueError:
             raise ParseError(f"integer too long: {str(tok)[:20]}...", loc=self.loc(tok)) from None
 
-    def type(self, t) -> TensorType:
+    def type(self, t, name: str | None = None) -> TensorType:
         dt_tok = t.children[0]
         try:
             dtype = DType(str(dt_tok))
         except ValueError:
             raise ParseError(f"unknown dtype '{dt_tok}'", loc=self.loc(dt_tok),
                              valid=", ".join(d.value for d in DType)) from None
-        dims = []
+        dims, toks = [], []
         for d in t.children[1:]:
             tok = d if isinstance(d, lark.Token) else d.children[0]
             dims.append(self.int(tok) if tok.type == "INT" else str(tok))
-        return TensorType(dtype, tuple(dims))
+            toks.append(tok)
+        out = TensorType(dtype, tuple(dims))
+        for d, tok in zip(dims, toks):   # parameters (results: the verifier's inference)
+            if self.verify and name is not None and isinstance(d, int) and d < 1:
+                raise VerifyError(f"bad dimension {d} in {out} of %{name}", loc=self.loc(tok),
+                                  valid="positive integers or symbol names such as B")
+        return out
 
 
 def parse_file(path: str | Path, verify: bool = True) -> Module:

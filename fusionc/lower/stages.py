@@ -67,12 +67,9 @@ def match_attention(df: Dataflow, att: Op) -> AttentionStage:
     if not (hq.name == hk.name == hv.name):
         raise LoweringError("q, k and v are projected from different inputs", op=att.name,
                             loc=att.loc, valid="one normalized hidden state h")
-    if qrope != krope or vrope is not None or vn is not None or \
-            (qpos is not None and qpos.name != positions.name) or \
-            (kpos is not None and kpos.name != positions.name):
-        raise LoweringError("q and k take different RoPE, or v is rotated/normalized",
-                            op=att.name, loc=att.loc,
-                            valid="the same rope(positions) on q and k, none on v")
+    _check_rope(att, qrope, krope, vrope is not None or vn is not None,
+                [p for p in (qpos, kpos) if p is not None and p.name != positions.name],
+                positions)
     x, norm, nops = input_norm(df, hq, att)
     for w in (kc0, vc0, lens, positions):
         df.param(w, "cache, length or position input", att)
@@ -92,6 +89,42 @@ def match_attention(df: Dataflow, att: Op) -> AttentionStage:
         oproj, residual, out)
 
 
+def _check_rope(att: Op, qrope, krope, v_changed: bool, other_positions: list,
+                positions: Value) -> None:
+    """LoweringError unless q and k take the same RoPE at the append's positions and v none."""
+    valid = "the same rope(positions) on q and k, none on v"
+    if qrope != krope:
+        raise LoweringError("q and k take different RoPE" if qrope and krope else
+                            f"only {'q' if qrope else 'k'} is rotated (RoPE)",
+                            op=att.name, loc=att.loc, valid=valid)
+    if v_changed:
+        raise LoweringError("v is rotated or normalized", op=att.name, loc=att.loc,
+                            valid=valid)
+    if other_positions:
+        raise LoweringError(f"RoPE takes positions %{other_positions[0].name}, the KV append "
+                            f"%{positions.name}", op=att.name, loc=att.loc,
+                            valid="one positions input for rope(q), rope(k) and "
+                                  "kv_cache_append (the new token's position)")
+
+
+def _down_projection(df: Dataflow, act: Op) -> Op:
+    """The linear that alone uses the silu_mul result; LoweringError saying why not."""
+    users = df.uses.get(act.result.name, [])
+    returned = any(o.name == act.result.name for o in df.graph.outputs)
+    down = df.sole_use(act.result, "linear")
+    if down is not None and len(down.operands) == 2:
+        return down
+    if returned or len(users) > 1:
+        n = len({id(u) for u in users})
+        what = "returned" if returned else f"used by {n} ops"
+        raise LoweringError(f"the SiLU·mul result %{act.result.name} is {what}; the fused "
+                            "MLP keeps it on chip", op=act.name, loc=act.loc,
+                            valid="its only use the down projection linear(act, w_down); "
+                                  "return the block's output")
+    raise LoweringError("SiLU·mul is not followed by a down projection", op=act.name,
+                        loc=act.loc, valid="linear(silu_mul(gate, up), w_down)")
+
+
 def match_mlp(df: Dataflow, act: Op) -> MLPStage:
     """The MLPStage around ``act`` (a silu_mul op); LoweringError when it is not a SwiGLU MLP block.
     """
@@ -102,10 +135,7 @@ def match_mlp(df: Dataflow, act: Op) -> MLPStage:
         raise LoweringError("gate and up are projected from different inputs", op=act.name,
                             loc=act.loc, valid="one normalized hidden state h")
     x, norm, nops = input_norm(df, hg, act)
-    down = df.sole_use(act.result, "linear")
-    if down is None or len(down.operands) != 2:
-        raise LoweringError("SiLU·mul is not followed by a down projection", op=act.name,
-                            loc=act.loc, valid="linear(silu_mul(gate, up), w_down)")
+    down = _down_projection(df, act)
     wd = df.param(down.operands[1], "down projection weight", down)
     residual, out, rops = residual_tail(df, down.result)
     ops = [act, down] + gops + uops + nops + rops

@@ -32,7 +32,7 @@ from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.verifier import verify_graph
 from fusionc.lower.attention import lower_attention
-from fusionc.lower.match import AttentionStage
+from fusionc.lower.match import AttentionStage, MLPStage
 from fusionc.lower.match_mla import MLAStage
 from fusionc.lower.mla import lower_mla
 from fusionc.lower.mlp import lower_mlp
@@ -70,22 +70,25 @@ class PartitionCluster(Pass):
             raise LoweringError(f"grid = {self.grid}, max_batch = {self.max_batch}",
                                 op=self.name, valid="grid >= 0 (0: cost model), max_batch >= 1")
         items: list[Graph] = []
+        taken = set(module.names)   # kernel names must not clash with a graph's (@mlp_k0)
         for g in module.graphs:
             if g.kind != "graph":
                 items.append(g)
                 continue
-            host, kernels = self.lower_graph(g)
+            host, kernels = self.lower_graph(g, taken)
             items += kernels + [host]
         return Module(tuple(items))
 
-    def lower_graph(self, g: Graph) -> tuple[Graph, list[Graph]]:
-        """The host graph of launches and the kernels of graph ``g``."""
+    def lower_graph(self, g: Graph, taken: set | None = None) -> tuple[Graph, list[Graph]]:
+        """The host graph of launches and the kernels of graph ``g``, named ``<g>_k<i>``
+        (``<g>_k<i>_<j>`` where that name is in ``taken``, which gets the names used)."""
+        taken = set() if taken is None else taken
         _check_dims(g)
         replaced: dict[int, Op | None] = {}
         kernels = []
         for i, st in enumerate(find_stages(g)):
             _used_only_inside(g, st)
-            k = self.best_kernel(st, f"{g.name}_k{i}")
+            k = self.best_kernel(st, _fresh(f"{g.name}_k{i}", taken))
             inner = {r.name: op for op in st.ops for r in op.results}
             for p in k.params:
                 if p.name in inner and p.name != st.out.name:  # a residual from inside
@@ -117,9 +120,7 @@ class PartitionCluster(Pass):
             except (LoweringError, VerifyError, CompileError) as e:
                 errors.append((_ctas(st, cfg), e))
         if not options and not errors:
-            raise LoweringError("no cluster configuration divides this block's sizes",
-                                op=self.name, loc=st.ops[0].loc,
-                                valid="another cluster size, or size=0 to search")
+            raise self.no_config(st)
         if not options:
             # MLA: the configuration with the most CTAs explains best (it has the most work
             # units); otherwise the first one tried
@@ -127,6 +128,22 @@ class PartitionCluster(Pass):
             raise LoweringError(f"no configuration fits: {e.message}", op=e.op or self.name,
                                 loc=st.ops[0].loc, valid=e.valid or "a smaller max_batch")
         return min(options, key=lambda t: t[0])[1]
+
+    def no_config(self, st) -> LoweringError:
+        """Why ``st`` has no candidate configuration, suggesting only what was not tried."""
+        search = "" if self.size == 0 else ", or size=0 to search every cluster size"
+        if isinstance(st, MLPStage):
+            inter, sizes = st.gate.rows, SIZES if self.size == 0 else (self.size,)
+            fit = -(-inter // 128) * 128
+            return LoweringError(
+                f"intermediate {inter} splits over no grid of clusters of "
+                f"{', '.join(map(str, sizes))} CTAs "
+                f"({'splitn or splitk' if self.scheme == 'auto' else self.scheme})", op=self.name,
+                loc=st.ops[0].loc, valid=f"an intermediate size that is a multiple of 128, "
+                f"e.g. {fit}{search}")
+        return LoweringError("no cluster configuration divides this block's sizes",
+                             op=self.name, loc=st.ops[0].loc,
+                             valid="other sizes" + (search or " (every cluster size was tried)"))
 
     def configs(self, st):
         """Candidate configurations of a stage: (cluster size, scheme) for attention, (cluster size,
@@ -231,3 +248,13 @@ def _launch(k: Graph, st) -> Op:
 
 
 __all__ = ["PartitionCluster", "Value"]
+
+
+def _fresh(name: str, taken: set) -> str:
+    """``name``, or ``name_1``, ``name_2``, ... when taken; the result is added to ``taken``."""
+    out, j = name, 0
+    while out in taken:
+        j += 1
+        out = f"{name}_{j}"
+    taken.add(out)
+    return out

@@ -110,8 +110,11 @@ def run_pipeline(module: Module, pipeline: str | list[Pass] = DEFAULT_PIPELINE,
     passes = parse_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
     dump = dump if dump is not None else os.environ.get("FUSIONC_DUMP", "")
     names = [p.name for p in passes]
-    if dump and dump != "after:all" and dump.removeprefix("after:") not in names:
-        raise PassError(f"dump request {dump!r} names no pass of this pipeline",
+    if dump and (not dump.startswith("after:") or
+                 dump != "after:all" and dump.removeprefix("after:") not in names):
+        what = "names no pass of this pipeline" if dump.startswith("after:") else \
+            "lacks 'after:'"
+        raise PassError(f"dump request {dump!r} {what}",
                         valid="after:all or after:NAME with NAME one of " + ", ".join(names))
     verify_module(module)
     for p in passes:

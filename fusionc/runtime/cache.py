@@ -3,10 +3,10 @@
 Key: SHA-256 of (source, arch, NVRTC options, NVRTC version, fusionc version) — computable
 without a GPU, so cubins built on a CPU machine can be carried to a GPU machine.
 Folder: ``$FUSIONC_CACHE_DIR`` if set (``off`` disables caching), else ``~/.cache/fusionc``.
-An entry is ``<key>.cubin`` plus ``<key>.json`` (ptxas log and the cubin's SHA-256). Files are
-written to ``*.tmp`` names and renamed into place, so several processes filling an empty cache
-at once never read a partial file; an entry that fails its checksum or does not parse is
-compiled again and overwritten.
+An entry is ``<key>.cubin`` plus ``<key>.json`` (ptxas log, and the SHA-256 of cubin and log).
+Files are written to ``*.tmp`` names and renamed into place, so several processes filling an
+empty cache at once never read a partial file; an entry that fails its checksum, does not parse
+or has fields of the wrong type is compiled again and overwritten.
 """
 from __future__ import annotations
 
@@ -36,17 +36,24 @@ def cache_key(source: str, arch: str = "sm_90a", options: tuple[str, ...] = ()) 
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _digest(cubin: bytes, log: str) -> str:
+    """The checksum of an entry: the cubin and the ptxas log (its registers and spills)."""
+    return hashlib.sha256(cubin + b"\0" + log.encode()).hexdigest()
+
+
 def _load(d: pathlib.Path, key: str, options) -> CompileResult | None:
+    """The entry ``key``, or None (a miss) when it is absent, torn, fails its checksum or has
+    fields of the wrong type."""
     try:
         meta = json.loads((d / f"{key}.json").read_text())
         cubin = (d / f"{key}.cubin").read_bytes()
-        if hashlib.sha256(cubin).hexdigest() != meta["sha256"]:
+        log, opts = meta["log"], meta.get("options", list(options))
+        if not isinstance(log, str) or not isinstance(opts, list) or \
+                not all(isinstance(o, str) for o in opts) or _digest(cubin, log) != meta["sha256"]:
             return None
-        log = meta["log"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return CompileResult(cubin=cubin, log=log, kernels=parse_ptxas_log(log),
-                         options=tuple(meta.get("options", options)))
+    return CompileResult(cubin=cubin, log=log, kernels=parse_ptxas_log(log), options=tuple(opts))
 
 
 def _write(path: pathlib.Path, data: bytes) -> None:
@@ -77,7 +84,7 @@ def compile_cached(source: str, arch: str = "sm_90a", options: tuple[str, ...] =
         try:
             d.mkdir(parents=True, exist_ok=True)
             _write(d / f"{key}.cubin", result.cubin)
-            meta = {"log": result.log, "sha256": hashlib.sha256(result.cubin).hexdigest(),
+            meta = {"log": result.log, "sha256": _digest(result.cubin, result.log),
                     "options": list(result.options), "arch": arch}
             _write(d / f"{key}.json", json.dumps(meta).encode())
         except OSError:

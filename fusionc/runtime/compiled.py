@@ -29,7 +29,8 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
         scheme: attention QKV scheme (``splitk``, ``splitn``, ``auto``).
         kv_len: the KV length the cost model plans for (any length runs).
         pipeline: a pipeline string overriding the default built from these options.
-        codegen: :class:`fusionc.codegen.CodegenOptions` (e.g. ``gemv_unroll``).
+        codegen: :class:`fusionc.codegen.CodegenOptions` (e.g. ``gemv_unroll``), or its
+            string form ``"gemv_unroll=8,..."`` (``fusionc.codegen.context.parse_codegen_options``).
         autotune: search the choices on the GPU when none is stored (``fusionc.tune``). When
             cluster, scheme, pipeline and codegen are left open, a stored choice for this graph
             and GPU is used; otherwise the cost model decides.
@@ -55,17 +56,22 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
+        InputError: an argument of the wrong type or out of range.
+        VerifyError: a float attribute that does not survive as fp32 (``fusionc.ir.fp32``).
         PassError, LoweringError: the graph cannot be lowered with these options.
         CompileError: code generation or NVRTC failed.
     """
     from fusionc.codegen.compile import compile_kernel
+    from fusionc.ir.fp32 import check_fp32_attrs
     from fusionc.passes import run_pipeline
     _check_options(program, max_batch, kv_len, cluster)
     _check_split_options(split_tokens, min_split_tokens, side_ctas)
+    codegen = _check_kinds(codegen, progress, pipeline, pdl, autotune)
     if lowering not in LOWERINGS:
         raise InputError(f"lowering = {lowering!r}", valid="'v1' or 'v2'")
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
+    check_fp32_attrs(module[name])
     if lowering == "v2" and pipeline is None:
         from fusionc.passes.stream import v2_pipeline
         pipeline = v2_pipeline(max_batch)
@@ -135,6 +141,27 @@ def _check_options(program, max_batch, kv_len, cluster) -> None:
     for name, v in (("max_batch", max_batch), ("kv_len", kv_len)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise InputError(f"{name} = {v!r}", valid=f"a positive integer {name}")
+
+
+def _check_kinds(codegen, progress, pipeline, pdl, autotune):
+    """InputError for arguments of :func:`compile` of the wrong type; returns ``codegen`` as
+    CodegenOptions (or None), parsing its string form."""
+    from fusionc.codegen import CodegenOptions
+    from fusionc.codegen.context import parse_codegen_options
+    if isinstance(codegen, str):
+        codegen = parse_codegen_options(codegen)
+    if codegen is not None and not isinstance(codegen, CodegenOptions):
+        raise InputError(f"codegen = {codegen!r}", valid="None, a fusionc.codegen."
+                         "CodegenOptions, or a string such as 'gemv_unroll=8'")
+    if progress is not None and not callable(progress):
+        raise InputError(f"progress = {progress!r}", valid="None or a callable(str), e.g. print")
+    if pipeline is not None and not isinstance(pipeline, str):
+        raise InputError(f"pipeline = {pipeline!r}", valid='None or a pipeline string such as '
+                         '"partition-cluster{size=4},fuse"')
+    for name, v in (("pdl", pdl), ("autotune", autotune)):
+        if not isinstance(v, bool):
+            raise InputError(f"{name} = {v!r}", valid="True or False")
+    return codegen
 
 
 def _check_split_options(split_tokens, min_split_tokens, side_ctas) -> None:

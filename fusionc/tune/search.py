@@ -33,17 +33,27 @@ def candidates() -> list[Choice]:
 
 
 def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = True):
-    """(choice, compiled) for every candidate that lowers and fits (no GPU needed)."""
+    """(choice, compiled) for every candidate that lowers and fits (no GPU needed).
+
+    Raises:
+        LoweringError: no candidate compiles (naming the first candidate's error).
+    """
     import fusionc
-    from fusionc.errors import FusionError
+    from fusionc.errors import FusionError, LoweringError
     from tqdm import tqdm
-    out = []
+    out, errors = [], []
     for ch in tqdm(candidates(), desc=f"compiling @{g.name}", disable=not progress):
         try:
             out.append((ch, fusionc.compile(g, max_batch=max_batch, kv_len=kv_len,
                                             **ch.compile_kwargs())))
-        except FusionError:
-            continue  # this choice cannot realize the graph (sizes, shared memory)
+        except FusionError as e:
+            errors.append(e)  # this choice cannot realize the graph (sizes, shared memory)
+    if not out:
+        raise LoweringError(f"no candidate of the autotuning search compiles at batch "
+                            f"{max_batch}, KV length {kv_len}; the first ({candidates()[0]}): "
+                            f"{errors[0].message if errors else 'none'}", op=g.name,
+                            loc=errors[0].loc if errors else g.loc,
+                            valid=(errors[0].valid or "") + "; or a smaller --batch / sizes")
     return out
 
 

@@ -43,25 +43,63 @@ def gpu_name() -> str:
         return DEFAULT_GPU
 
 
+CLUSTERS, SCHEMES, UNROLL = (1, 2, 4, 8, 16), ("splitk", "splitn"), range(0, 33)
+CHOICE_TEXT = ('{"cluster": 1|2|4|8|16, "scheme": "splitk"|"splitn", "gemv_unroll": 0..32} '
+               "under {graph key: {GPU: {version: ...}}}")
+
+
 def _load() -> dict:
     try:
-        return json.loads(store_path().read_text())
+        data = json.loads(store_path().read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(data, dict):
+        _ignored(f"it holds a {type(data).__name__}, not an object")
+        return {}
+    return data
+
+
+def _ignored(why: str) -> None:
+    import warnings
+    warnings.warn(f"fusionc: ignoring {store_path()}: {why} (valid: {CHOICE_TEXT})",
+                  RuntimeWarning, stacklevel=3)
+
+
+def valid_choice(c) -> bool:
+    """Whether ``c`` is a stored choice fusionc.compile can use (see :data:`CHOICE_TEXT`)."""
+    def int_in(v, allowed):
+        return isinstance(v, int) and not isinstance(v, bool) and v in allowed
+    return isinstance(c, dict) and int_in(c.get("cluster"), CLUSTERS) and \
+        c.get("scheme") in SCHEMES and int_in(c.get("gemv_unroll"), UNROLL)
 
 
 def lookup(g: Graph, max_batch: int, kv_len: int, gpu: str | None = None) -> dict | None:
     """The stored choice for this graph on ``gpu`` (default: the current one) and this version,
-    or None."""
-    entry = _load().get(graph_key(g, max_batch, kv_len), {})
-    return entry.get(gpu or gpu_name(), {}).get(fusionc.__version__)
+    or None. A malformed entry (wrong JSON shape, a choice missing a field or out of range) is
+    ignored with a RuntimeWarning: the cost model decides."""
+    node = _load().get(graph_key(g, max_batch, kv_len))
+    for key in (gpu or gpu_name(), fusionc.__version__):
+        if node is None:
+            return None
+        if not isinstance(node, dict):
+            _ignored(f"an entry is a {type(node).__name__}, not an object")
+            return None
+        node = node.get(key)
+    if node is not None and not valid_choice(node):
+        _ignored(f"the stored choice {json.dumps(node)[:120]} is malformed")
+        return None
+    return node
 
 
 def record(g: Graph, max_batch: int, kv_len: int, choice: dict, gpu: str | None = None) -> None:
     """Store ``choice`` (a JSON-able dict) for this graph, GPU and version."""
     data = _load()
-    key = graph_key(g, max_batch, kv_len)
-    data.setdefault(key, {}).setdefault(gpu or gpu_name(), {})[fusionc.__version__] = choice
+    node = data
+    for k in (graph_key(g, max_batch, kv_len), gpu or gpu_name()):
+        if not isinstance(node.get(k), dict):   # absent or malformed: replaced
+            node[k] = {}
+        node = node[k]
+    node[fusionc.__version__] = choice
     path = store_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="autotune", suffix=".tmp")

@@ -189,7 +189,8 @@ CASES = [
         g("%x: f16[B, 8], %x: f16[B, 8]", "", "%x"),
         VerifyError,
         "value %x is defined twice",
-        "graph",
+        "%x",
+        nth=1,   # the second parameter's name
     ),
     Case(
         "graph_defined_twice",
@@ -280,7 +281,7 @@ CASES = [
         g("%x: f16[B, 0]", "", "%x"),
         VerifyError,
         "bad dimension 0 in f16[B, 0] of %x",
-        "graph",
+        "0]",   # the dimension itself
         valid="positive integers",
     ),
     Case(

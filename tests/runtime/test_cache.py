@@ -55,3 +55,27 @@ def test_concurrent_compiles_into_empty_cache(tmp_cache):
     assert len(set(cubins)) == 1 and cubins[0][:4] == b"\x7fELF"
     assert not list(tmp_cache.glob("*.tmp"))
     assert cache.compile_cached(SRC)[1] is True
+
+
+@pytest.mark.parametrize("field, value", [("log", 5), ("log", None), ("log", ["x"]),
+                                          ("options", 5), ("options", "-O3"), ("options", [1]),
+                                          ("options", {"a": 1})])
+def test_entry_with_fields_of_the_wrong_type_is_a_miss(tmp_cache, field, value):
+    import json
+    r1, _ = cache.compile_cached(SRC)
+    (meta,) = tmp_cache.glob("*.json")
+    data = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**data, field: value}))
+    r2, hit = cache.compile_cached(SRC)
+    assert not hit and r2.cubin == r1.cubin and r2.kernels == r1.kernels
+    assert cache.compile_cached(SRC)[1] is True   # rewritten
+
+
+def test_the_log_is_covered_by_the_checksum(tmp_cache):
+    import json
+    r1, _ = cache.compile_cached(SRC)
+    (meta,) = tmp_cache.glob("*.json")
+    data = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**data, "log": data["log"] + "\nptxas info    : Used 1 registers"}))
+    r2, hit = cache.compile_cached(SRC)
+    assert not hit and "Used 1 registers" not in r2.log and r2.kernels == r1.kernels
