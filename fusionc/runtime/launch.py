@@ -10,10 +10,9 @@ CUDA error.
 """
 from __future__ import annotations
 
-import ctypes
-
 from fusionc.codegen.compile import CompiledKernel
 from fusionc.errors import DeviceError, InputError
+from fusionc.runtime.params import ArgPack, PackContext, check_dim
 
 
 def driver():
@@ -128,7 +127,12 @@ class LoadedKernel:
     device is synchronized so that no launch on any stream can see them before they are zero
     (so load, i.e. call once, before capturing a CUDA graph); every launch leaves the counters
     zero, so launches and graph replays need no reset. One LoadedKernel must not run on two
-    streams at the same time (they would share the counters).
+    streams at the same time (they would share the counters), nor be launched from two threads
+    at once (its packed arguments are rewritten by every launch).
+
+    :meth:`launch` checks its arguments; :meth:`pack` and :meth:`launch_packed` are the
+    cached path of :class:`fusionc.runtime.compiled.CompiledGraph` (arguments packed once per
+    run-time dims, the launch configuration built once per stream).
     """
 
     def __init__(self, compiled: CompiledKernel):
@@ -152,10 +156,14 @@ class LoadedKernel:
         self.workspace = cupy.zeros(max(src.workspace_floats, 1), cupy.float32)
         self.counters = cupy.zeros(max(src.counters, 1), cupy.uint32)
         cupy.cuda.Device().synchronize()  # zeroed before any stream launches the kernel
+        self._launch = cu.cuLaunchKernelEx
+        self._symbols = tuple(p.symbol for p in src.params if p.kind == "dim")
+        self._packs: dict = {}     # (dims, delay) -> ArgPack
+        self._configs: dict = {}   # stream handle -> CUlaunchConfig
 
     def launch(self, tensors: dict, dims: dict[str, int], delay: tuple[int, int] = (-1, 0),
                stream=None) -> None:
-        """Launch once.
+        """Launch once, checking every argument.
 
         Args:
             tensors: IR parameter name -> CuPy array (C-contiguous, 16-byte aligned, dtype
@@ -167,17 +175,50 @@ class LoadedKernel:
             InputError: a missing argument or a dim over max_batch. DeviceError: launch failed.
         """
         import cupy
-        cu = driver()
         src = self.compiled.source
+        ptrs = {}
+        for p in src.params:  # the checks, in parameter order
+            if p.kind == "tensor":
+                ptrs[p.value.name] = self._tensor(p.value, tensors, dims)
+            elif p.kind == "dim":
+                check_dim(p, dims, src)
+        pack = self.pack(dims, delay)
         stream = stream or cupy.cuda.get_current_stream()
-        values, types = [], []
-        for p in src.params:
-            v, t = self._arg(p, tensors, dims, delay)
-            values.append(v)
-            types.append(t)
-        cfg = _launch_config(src, stream.ptr)
-        check(cu.cuLaunchKernelEx(cfg, self.function, (tuple(values), tuple(types)), 0),
-              f"launching {src.name}")
+        self.launch_packed(pack, [ptrs[n] for n in pack.names], stream.ptr)
+
+    def pack(self, dims: dict[str, int], delay: tuple[int, int] = (-1, 0)) -> ArgPack:
+        """The kernel's arguments packed for run-time ``dims`` and ``delay`` (cached; built
+        once per distinct value), to launch with :meth:`launch_packed`. InputError for a dim
+        that is missing or over max_batch."""
+        key = (tuple(dims.get(s) for s in self._symbols), tuple(delay))
+        pack = self._packs.get(key)
+        if pack is None:
+            ctx = PackContext(self.compiled.source, self.workspace.data.ptr,
+                              self.counters.data.ptr, dict(dims), tuple(delay))
+            pack = ArgPack(self.compiled.source.params, ctx)
+            if len(self._packs) >= 256:
+                self._packs.clear()
+            self._packs[key] = pack
+        return pack
+
+    def launch_packed(self, pack: ArgPack, ptrs, stream: int) -> None:
+        """Launch with ``pack`` (from :meth:`pack`) and the device pointers ``ptrs`` of
+        ``pack.names`` on stream handle ``stream``, unchecked: the caller has checked the
+        arguments (shapes, dtypes, layout and alignment). DeviceError if the launch fails."""
+        pack.fill(ptrs)
+        cfg = self._configs.get(stream)
+        if cfg is None:
+            cfg = self._config(stream)
+        r = self._launch(cfg, self.function, pack.address, 0)
+        if r[0]:
+            check(r, f"launching {self.compiled.source.name}")
+
+    def _config(self, stream: int):
+        """The launch configuration on stream handle ``stream`` (built once per stream)."""
+        if len(self._configs) >= 64:
+            self._configs.clear()
+        cfg = self._configs[stream] = _launch_config(self.compiled.source, stream)
+        return cfg
 
     def _tensor(self, v, tensors, dims) -> int:
         """The device pointer of parameter ``v``; InputError unless the array has the
@@ -198,21 +239,3 @@ class LoadedKernel:
                              op=name, valid="16-byte aligned tensors (generated code moves "
                              "16-byte vectors); allocations are, views may not be")
         return a.data.ptr
-
-    def _arg(self, p, tensors, dims, delay):
-        if p.kind == "tensor":
-            return self._tensor(p.value, tensors, dims), ctypes.c_void_p
-        if p.kind == "dim":
-            n = dims.get(p.symbol)
-            mb = self.compiled.source.kernel.attr("max_batch")
-            if n is None or not 0 <= n <= mb:
-                raise InputError(f"symbolic dim {p.symbol} = {n}", op=self.compiled.source.name,
-                                 valid=f"0 <= {p.symbol} <= max_batch = {mb}")
-            return int(n), ctypes.c_int
-        if p.kind == "workspace":
-            return self.workspace.data.ptr, ctypes.c_void_p
-        if p.kind == "counters":
-            return self.counters.data.ptr, ctypes.c_void_p
-        if p.kind == "delay_rank":
-            return int(delay[0]), ctypes.c_int
-        return int(delay[1]), ctypes.c_ulonglong
