@@ -126,8 +126,9 @@ def alloc_address(nbytes: int, align: int = 256) -> int:
     return p
 
 
-def fake_cupy_array(shape, dtype, ptr=None):
-    """A real ``cupy.ndarray`` over a made-up address (its bytes must never be touched)."""
+def fake_cupy_array(shape, dtype, ptr=None, device=0):
+    """A real ``cupy.ndarray`` over a made-up address on GPU ``device`` (its bytes must never
+    be touched)."""
     import cupy
     dtype = cupy.dtype(dtype)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -135,7 +136,7 @@ def fake_cupy_array(shape, dtype, ptr=None):
     for d in shape:
         n *= d
     ptr = alloc_address(n) if ptr is None else ptr
-    mem = cupy.cuda.UnownedMemory(ptr, max(n, 1), None, device_id=0)
+    mem = cupy.cuda.UnownedMemory(ptr, max(n, 1), None, device_id=device)
     return cupy.ndarray(shape, dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 

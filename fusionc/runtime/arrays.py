@@ -85,7 +85,9 @@ def empty_like_inputs(v: Value, env: dict[str, int], torch_mode: bool):
     if torch_mode:
         import torch
         t = torch.empty(shape, dtype=getattr(torch, _TORCH[v.type.dtype]), device="cuda")
-        return t, as_cupy(t, v, "output")
+        if t.get_device() != cupy.cuda.runtime.getDevice():
+            return t, as_cupy(t, v, "output")   # its error
+        return t, _wrap_torch(t, _CUPY[v.type.dtype])   # fresh: contiguous and aligned
     a = cupy.empty(shape, dtype=_CUPY[v.type.dtype])
     return a, a
 

@@ -175,16 +175,20 @@ class LoadedKernel:
             InputError: a missing argument or a dim over max_batch. DeviceError: launch failed.
         """
         import cupy
-        src = self.compiled.source
-        ptrs = {}
-        for p in src.params:  # the checks, in parameter order
-            if p.kind == "tensor":
-                ptrs[p.value.name] = self._tensor(p.value, tensors, dims)
-            elif p.kind == "dim":
-                check_dim(p, dims, src)
-        pack = self.pack(dims, delay)
+        pack = self._packs.get((tuple(dims.get(s) for s in self._symbols), tuple(delay)))
+        ptrs = None if pack is None else _checked_pointers(pack, tensors)
+        if ptrs is None:   # the checks, in parameter order, with their errors
+            src = self.compiled.source
+            by_name = {}
+            for p in src.params:
+                if p.kind == "tensor":
+                    by_name[p.value.name] = self._tensor(p.value, tensors, dims)
+                elif p.kind == "dim":
+                    check_dim(p, dims, src)
+            pack = self.pack(dims, delay)
+            ptrs = [by_name[n] if n in by_name else _pointer(tensors[n]) for n in pack.names]
         stream = stream or cupy.cuda.get_current_stream()
-        self.launch_packed(pack, [ptrs[n] for n in pack.names], stream.ptr)
+        self.launch_packed(pack, ptrs, stream.ptr)
 
     def pack(self, dims: dict[str, int], delay: tuple[int, int] = (-1, 0)) -> ArgPack:
         """The kernel's arguments packed for run-time ``dims`` and ``delay`` (cached; built
@@ -196,6 +200,10 @@ class LoadedKernel:
             ctx = PackContext(self.compiled.source, self.workspace.data.ptr,
                               self.counters.data.ptr, dict(dims), tuple(delay))
             pack = ArgPack(self.compiled.source.params, ctx)
+            tensor = {p.value.name: p.value for p in self.compiled.source.params
+                      if p.kind == "tensor"}
+            pack.expect = [(_shape(tensor[n], dims), tensor[n].type.dtype.itemsize)
+                           if n in tensor else None for n in pack.names]
             if len(self._packs) >= 256:
                 self._packs.clear()
             self._packs[key] = pack
@@ -239,3 +247,28 @@ class LoadedKernel:
                              op=name, valid="16-byte aligned tensors (generated code moves "
                              "16-byte vectors); allocations are, views may not be")
         return a.data.ptr
+
+
+def _shape(v, dims) -> tuple:
+    return tuple(d if isinstance(d, int) else dims.get(d, -1) for d in v.type.shape)
+
+
+def _pointer(a) -> int:
+    return a.data.ptr
+
+
+def _checked_pointers(pack: ArgPack, tensors: dict) -> list | None:
+    """The device pointers of ``pack.names`` in ``tensors`` when every tensor has its expected
+    shape and element size and is C-contiguous and 16-byte aligned; None otherwise (the
+    parameter-by-parameter checks then raise the error)."""
+    out = []
+    for n, want in zip(pack.names, pack.expect):
+        a = tensors.get(n)
+        if a is None:
+            return None
+        p = a.data.ptr
+        if want is not None and (a.shape != want[0] or a.dtype.itemsize != want[1] or p & 15
+                                 or not a.flags.c_contiguous):
+            return None
+        out.append(p)
+    return out

@@ -11,7 +11,8 @@ allocates the pure outputs and launches; nothing is checked again because nothin
 can have changed. A misaligned address changes the signature, so it takes the checked path
 and gets its error.
 
-Graphs of kernel launches only run fully planned. Graphs with host ops or collectives, and
+Graphs of kernel launches and GEMMs (``library_call``) run fully planned. Graphs with other
+host ops or collectives, and
 calls given ``outputs=``, run the general path with the signature's checks and dims reused
 (:meth:`Plan.views`: CuPy views of torch arguments made without checks, cached per address).
 """
@@ -52,24 +53,32 @@ class Plan:
 
 
 def _planned_run(cg, env, torch_mode, device):
-    """The fast ``run(cg, args, ptrs)`` of a launch-only host graph (None for other graphs)."""
+    """The fast ``run(cg, args, ptrs)`` of a host graph of kernel launches and GEMMs
+    (``library_call``) only; None for other graphs."""
     host = cg.host
-    if any(op.name != "launch" for op in host.body):
+    if any(op.name not in ("launch", "library_call") for op in host.body):
         return None
     index = {p.name: i for i, p in enumerate(host.params)}
-    allocs, launches, slots = [], [], len(host.params)
+    allocs, steps = [], []
+
+    def output(v, r):   # a buffer allocated per call for result r (typed like v)
+        index[r.name] = len(host.params) + len(allocs)
+        allocs.append(arrays.allocator(v, env, torch_mode, device))
+        return index[r.name]
+
     for op in host.body:
+        if op.name == "library_call":
+            steps.append(_gemm_step(op, env, device, index, output(op.result, op.result)))
+            continue
         k = cg.module[op.attr("kernel").name]
         lk = cg._loaded[k.name]
         local = {p.name: index[a.name] for p, a in zip(k.params, op.operands)}
         result_of = {v.name: r for v, r in zip(k.outputs, op.results)}
         for p in k.params[len(op.operands):]:  # pure outputs: allocated per call
-            r = result_of[p.name]
-            index[r.name] = local[p.name] = slots
-            slots += 1
-            allocs.append(arrays.allocator(p, env, torch_mode, device))
+            local[p.name] = output(p, result_of[p.name])
         pack = lk.pack(env)
-        launches.append((lk.launch_packed, pack, tuple_getter(local[n] for n in pack.names)))
+        steps.append(_launch_step(lk.launch_packed, pack,
+                                  tuple_getter(local[n] for n in pack.names)))
         for p, a in zip(k.params, op.operands):  # updated in place (KV caches)
             if p.name in result_of:
                 index[result_of[p.name].name] = index[a.name]
@@ -82,9 +91,29 @@ def _planned_run(cg, env, torch_mode, device):
             obj, ptr = alloc()
             args.append(obj)
             ptrs.append(ptr)
-        for launch, pack, get in launches:
-            launch(pack, get(ptrs), stream)
+        for step in steps:
+            step(ptrs, stream)
         if capturing(stream):  # the graph's replays write into these buffers
             cg._captured.append(tuple(args))
         return result(args)
     return run
+
+
+def _launch_step(launch, pack, get):
+    def step(ptrs, stream):
+        launch(pack, get(ptrs), stream)
+    return step
+
+
+def _gemm_step(op, env, device, index, out):
+    """``out = x · wᵀ`` of ``library_call`` op (operands and result contiguous: arguments
+    that passed their checks, or buffers allocated by the plan)."""
+    from fusionc.runtime.library import gemm_plan
+    x, w = op.operands
+    T, K = x.type.concrete(env)
+    run = gemm_plan(T, K, w.type.concrete(env)[0], op.result.type.dtype.value, device)
+    ix, iw = index[x.name], index[w.name]
+
+    def step(ptrs, stream):
+        run(stream, ptrs[ix], ptrs[iw], ptrs[out])
+    return step
