@@ -244,7 +244,7 @@ def fake_gpu(torch: bool = True):
     driver. ``torch``: put the fake ``torch`` module in ``sys.modules`` meanwhile."""
     import cupy
 
-    from fusionc.runtime import launch, library
+    from fusionc.runtime import arrays, launch, library
     cu = fake_driver()
     lib = types.SimpleNamespace(cublasCreate_v2=lambda h: 0, cublasSetStream_v2=lambda h, s: 0,
                                 cublasGemmEx=lambda *a: 0)
@@ -268,6 +268,7 @@ def fake_gpu(torch: bool = True):
             setattr(obj, name, value)
         sys.modules.update(modules)
         library._HANDLES.clear()
+        arrays._EXTERNAL.clear()   # CuPy wrappers of (fake) torch streams
         yield cu
     finally:
         for obj, name, value in saved:
@@ -278,4 +279,5 @@ def fake_gpu(torch: bool = True):
             else:
                 sys.modules[k] = v
         library._HANDLES.clear()
+        arrays._EXTERNAL.clear()
         STREAM.capturing = False

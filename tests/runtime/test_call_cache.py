@@ -164,8 +164,9 @@ def test_bad_first_calls_keep_their_errors(module, gpu):
     assert "unexpected or repeated argument 'bogus'" in _error(cg, **a, bogus=a["x"])[1]
     assert "5 positional arguments" in _error(cg, *a.values(), a["x"])[1]
     assert "repeated argument 'x'" in _error(cg, a["x"], **a)[1]
-    assert _error(cg, **{**a, "x": _strided((2, H), "float16")}) == (InputError, "input error: 'mlp': argument 'x' is not contiguous "
-                        "(valid: a C-contiguous (row-major) tensor; call .contiguous())")
+    assert _error(cg, **{**a, "x": _strided((2, H), "float16")}) == (
+        InputError, "input error: 'mlp': argument 'x' is not contiguous "
+                    "(valid: a C-contiguous (row-major) tensor; call .contiguous())")
     assert gpu.launches == 0 and not cg._plans
     out = fake_cupy_array((1, 8), "float16")
     cg(**a)
