@@ -49,16 +49,17 @@ def as_cupy(x, p: Value, where: str):
     return x
 
 
-def _wrap_torch(t, dtype: str):
-    """A zero-copy CuPy view of contiguous CUDA tensor ``t`` (kept alive by the view).
+def _wrap_torch(t, dtype: str, owner=True):
+    """A zero-copy CuPy view of contiguous CUDA tensor ``t`` (kept alive by the view unless
+    ``owner`` is false).
 
     Not through ``cupy.from_dlpack``: DLPack's stream handshake makes CuPy's stream wait on
     PyTorch's, which is illegal while PyTorch captures a CUDA graph; the pointer is valid on
     every stream, and fusionc launches on PyTorch's current stream anyway.
     """
     import cupy
-    mem = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), owner=t,
-                                  device_id=t.device.index)
+    mem = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(),
+                                  owner=t if owner else None, device_id=t.device.index)
     return cupy.ndarray(tuple(t.shape), dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
@@ -84,22 +85,146 @@ def empty_like_inputs(v: Value, env: dict[str, int], torch_mode: bool):
     if torch_mode:
         import torch
         t = torch.empty(shape, dtype=getattr(torch, _TORCH[v.type.dtype]), device="cuda")
-        return t, as_cupy(t, v, "output")
+        if t.get_device() != cupy.cuda.runtime.getDevice():
+            return t, as_cupy(t, v, "output")   # its error
+        return t, _wrap_torch(t, _CUPY[v.type.dtype])   # fresh: contiguous and aligned
     a = cupy.empty(shape, dtype=_CUPY[v.type.dtype])
     return a, a
 
 
-def current_stream(torch_mode: bool):
-    """The caller's current stream as a CuPy stream (PyTorch's when given torch tensors)."""
-    import cupy
-    if torch_mode:
-        import warnings
+_EXTERNAL: dict = {}   # (stream handle, device) -> cupy.cuda.ExternalStream
 
-        import torch
+
+def current_stream(torch_mode: bool):
+    """The caller's current stream as a CuPy stream (PyTorch's when given torch tensors; its
+    CuPy wrapper is made once per stream handle and device)."""
+    import cupy
+    if not torch_mode:
+        return cupy.cuda.get_current_stream()
+    key = (stream_getter(True)(), cupy.cuda.runtime.getDevice())
+    s = _EXTERNAL.get(key)
+    if s is None:
+        import warnings
         with warnings.catch_warnings():  # CuPy 14 deprecates the name, not the behaviour
             warnings.simplefilter("ignore", DeprecationWarning)
-            return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    return cupy.cuda.get_current_stream()
+            s = cupy.cuda.ExternalStream(key[0])
+        if len(_EXTERNAL) >= 64:
+            _EXTERNAL.clear()
+        _EXTERNAL[key] = s
+    return s
+
+
+def stream_getter(torch_mode: bool):
+    """A function of no arguments giving the handle (int) of the caller's current stream:
+    PyTorch's current stream on its current device when given torch tensors, else CuPy's."""
+    if torch_mode:
+        import torch
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        dev = getattr(torch._C, "_cuda_getDevice", None)
+        if raw is not None and dev is not None:
+            return lambda: raw(dev())
+        current = torch.cuda.current_stream
+        return lambda: current().cuda_stream
+    import cupy
+    get = cupy.cuda.get_current_stream
+    return lambda: get().ptr
+
+
+def is_capturing(stream: int) -> bool:
+    """Whether stream handle ``stream`` is capturing a CUDA graph."""
+    import cupy
+    return cupy.cuda.runtime.streamIsCapturing(stream) != 0
+
+
+def device_id() -> int:
+    """CuPy's current device (the device arguments must be on)."""
+    import cupy
+    return cupy.cuda.runtime.getDevice()
+
+
+_SIG: dict = {}  # argument type -> its signature function (None: not an array fusionc takes)
+
+
+def _torch_sig(x):
+    p = x.data_ptr()
+    return ("t", x.dtype, x.get_device(), x.shape, x.is_contiguous(), p & 15), p
+
+
+def _cupy_sig(x):
+    d = x.data
+    p = d.ptr
+    return ("c", x.dtype, d.device_id, x.shape, x.strides, p & 15), p
+
+
+def _sig_function(t):
+    if t.__module__.startswith("torch"):
+        f = _torch_sig
+    else:
+        import cupy
+        f = _cupy_sig if issubclass(t, cupy.ndarray) else None
+    _SIG[t] = f
+    return f
+
+
+def signature(values) -> tuple | None:
+    """``(key, pointers)`` of argument list ``values``: ``key`` is hashable and fixes
+    everything :func:`as_cupy` and :func:`bind` check (array kind, dtype, device, shape, layout,
+    alignment of the address), ``pointers`` the device address of each. None when an argument
+    is not a CuPy array or a torch tensor (or its attributes cannot be read): the checked path
+    then says what is wrong."""
+    key, ptrs = [], []
+    for x in values:
+        f = _SIG.get(type(x), 0)
+        if f == 0:
+            f = _sig_function(type(x))
+        if f is None:
+            return None
+        try:
+            k, p = f(x)
+        except Exception:  # noqa: BLE001 (e.g. a sparse tensor has no data_ptr)
+            return None
+        key.append(k)
+        ptrs.append(p)
+    return tuple(key), ptrs
+
+
+def unchecked_view(x, p: Value, cache: dict | None = None):
+    """The CuPy view of argument ``x`` for parameter ``p`` whose signature passed
+    :func:`as_cupy` before: a torch tensor's view is made without its checks (and, given
+    ``cache``, kept there per address without owning the tensor); a CuPy array is itself."""
+    if not is_torch(x):
+        return x
+    if cache is None:
+        return _wrap_torch(x, _CUPY[p.type.dtype])
+    key = (p.name, x.data_ptr())
+    v = cache.get(key)
+    if v is None:
+        if len(cache) >= 256:
+            cache.clear()
+        v = cache[key] = _wrap_torch(x, _CUPY[p.type.dtype], owner=False)
+    return v
+
+
+def allocator(v: Value, env: dict[str, int], torch_mode: bool, device: int):
+    """A function of no arguments allocating a new output buffer for ``v`` (like
+    :func:`empty_like_inputs`) on ``device``: returns ``(buffer, device pointer)``."""
+    shape = v.type.concrete(env)
+    if torch_mode:
+        import torch
+        empty, dt = torch.empty, getattr(torch, _TORCH[v.type.dtype])
+        dev = torch.device("cuda", device)
+
+        def alloc_torch():
+            t = empty(shape, dtype=dt, device=dev)
+            return t, t.data_ptr()
+        return alloc_torch
+    import cupy
+    empty, dt = cupy.empty, cupy.dtype(_CUPY[v.type.dtype])
+
+    def alloc_cupy():
+        a = empty(shape, dt)
+        return a, a.data.ptr
+    return alloc_cupy
 
 
 def require_gpu() -> None:

@@ -233,6 +233,8 @@ class CompiledGraph:
         self.comm, self.side_ctas = comm, side_ctas
         self.concat_blocks = None   # token_concat blocks (fusionc.runtime.host_ops)
         self._loaded, self._side, self._captured = {}, None, []
+        self._plans: dict = {}   # (device, argument signature) -> fusionc.runtime.plan.Plan
+        self._names = tuple(p.name for p in host.params)
 
     @property
     def params(self) -> list[str]:
@@ -251,7 +253,48 @@ class CompiledGraph:
         p.text("..." if cycle else graph_text(self.host) + "\n" + self.report())
 
     def __call__(self, *args, outputs: dict | None = None, **kwargs):
-        from fusionc.runtime.launch import LoadedKernel
+        """Run the graph on ``args`` / ``kwargs`` (its inputs), launching on the caller's
+        current stream; ``outputs``: ``{output name: buffer}`` to write into instead of new
+        buffers. The first call with a new argument signature checks everything and records a
+        plan (:mod:`fusionc.runtime.plan`); later calls with that signature only read the
+        pointers, allocate the outputs and launch.
+
+        Raises:
+            InputError: an argument of the wrong kind, dtype, device, shape, layout or
+                alignment, a missing or unexpected argument, a batch over ``max_batch``.
+            DeviceError: no usable GPU, or a CUDA call failed.
+        """
+        vals = self._ordered(args, kwargs)
+        sig = arrays.signature(vals) if vals is not None else None
+        if sig is None:
+            return self._checked(args, kwargs, outputs, None)
+        key = (arrays.device_id(), sig[0])
+        plan = self._plans.get(key)
+        if plan is None:
+            return self._checked(args, kwargs, outputs, key)
+        if plan.run is not None and outputs is None:
+            return plan.run(self, vals, sig[1])
+        given = dict(zip(self.params, vals))
+        return self._run(given, plan.views(self, vals), dict(plan.env), plan.torch_mode,
+                         outputs)
+
+    def _ordered(self, args, kwargs) -> list | None:
+        """The arguments in parameter order, or None unless they name each parameter once
+        (:meth:`_named` then says what is wrong)."""
+        names = self._names
+        if len(args) + len(kwargs) != len(names):
+            return None
+        vals = list(args)
+        if kwargs:
+            try:
+                vals += [kwargs[n] for n in names[len(args):]]
+            except KeyError:
+                return None
+        return vals
+
+    def _checked(self, args, kwargs, outputs, key):
+        """The checked call; records the plan of signature ``key`` when it succeeds."""
+        from fusionc.runtime.plan import Plan
         given = self._named(args, kwargs)
         torch_mode = any(arrays.is_torch(x) for x in given.values())
         arrays.require_gpu()
@@ -263,9 +306,21 @@ class CompiledGraph:
                 raise InputError(f"{sym} = {n} exceeds the compiled batch bucket",
                                  op=self.host.name, valid=f"{sym} <= max_batch = "
                                  f"{self.max_batch}; compile with a larger max_batch")
+        bound = dict(env)
+        out = self._run(given, views, env, torch_mode, outputs)
+        if key is not None:
+            if len(self._plans) >= 256:
+                self._plans.clear()
+            self._plans[key] = Plan(self, bound, torch_mode, key[0])
+        return out
+
+    def _run(self, given: dict, views: dict, env: dict, torch_mode: bool, outputs):
+        """The general path of a call whose arguments passed their checks: host ops,
+        collectives and launches in order (launches check their arguments)."""
+        from fusionc.runtime.host_ops import Streams, run_host_op
+        from fusionc.runtime.launch import LoadedKernel
         objs = dict(given)
         stream = arrays.current_stream(torch_mode)
-        from fusionc.runtime.host_ops import Streams, run_host_op
         streams = Streams(stream, self._side_stream)
         for op in self.host.body:
             if op.name != "launch":
@@ -289,7 +344,7 @@ class CompiledGraph:
                     views[r.name], objs[r.name] = views[a.name], objs[a.name]
         streams.join()
         if stream.is_capturing():   # the graph's replays write into these buffers
-            self._captured.append((views, streams.keep, streams.joined))
+            self._captured.append((given, views, streams.keep, streams.joined))
         return tuple(objs[v.name] for v in self.host.outputs)
 
     def _side_stream(self):

@@ -10,10 +10,9 @@ CUDA error.
 """
 from __future__ import annotations
 
-import ctypes
-
 from fusionc.codegen.compile import CompiledKernel
 from fusionc.errors import DeviceError, InputError
+from fusionc.runtime.params import ArgPack, PackContext, check_dim
 
 
 def driver():
@@ -144,7 +143,12 @@ class LoadedKernel:
     device is synchronized so that no launch on any stream can see them before they are zero
     (so load, i.e. call once, before capturing a CUDA graph); every launch leaves the counters
     zero, so launches and graph replays need no reset. One LoadedKernel must not run on two
-    streams at the same time (they would share the counters).
+    streams at the same time (they would share the counters), nor be launched from two threads
+    at once (its packed arguments are rewritten by every launch).
+
+    :meth:`launch` checks its arguments; :meth:`pack` and :meth:`launch_packed` are the
+    cached path of :class:`fusionc.runtime.compiled.CompiledGraph` (arguments packed once per
+    run-time dims, the launch configuration built once per stream).
     """
 
     def __init__(self, compiled: CompiledKernel):
@@ -165,16 +169,18 @@ class LoadedKernel:
                 self.function, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
                 "allowing the non-portable cluster size 16")
         _check_occupancy(src, self.function)
-        self.grid = persistent_grid(src, self.function) if src.persistent_units else None
-        from fusionc.runtime.tma import TensorMaps
-        self.tensor_maps = TensorMaps()
+        self._grid = persistent_grid(src, self.function) if src.persistent_units else None
         self.workspace = cupy.zeros(max(src.workspace_floats, 1), cupy.float32)
         self.counters = cupy.zeros(max(src.counters, 1), cupy.uint32)
         cupy.cuda.Device().synchronize()  # zeroed before any stream launches the kernel
+        self._launch = cu.cuLaunchKernelEx
+        self._symbols = tuple(p.symbol for p in src.params if p.kind == "dim")
+        self._packs: dict = {}     # (dims, delay) -> ArgPack
+        self._configs: dict = {}   # stream handle -> CUlaunchConfig
 
     def launch(self, tensors: dict, dims: dict[str, int], delay: tuple[int, int] = (-1, 0),
                stream=None) -> None:
-        """Launch once.
+        """Launch once, checking every argument.
 
         Args:
             tensors: IR parameter name -> CuPy array (C-contiguous, 16-byte aligned, dtype
@@ -186,20 +192,74 @@ class LoadedKernel:
             InputError: a missing argument or a dim over max_batch. DeviceError: launch failed.
         """
         import cupy
-        cu = driver()
-        src = self.compiled.source
+        pack = self._packs.get((tuple(dims.get(s) for s in self._symbols), tuple(delay)))
+        ptrs = None if pack is None else _checked_pointers(pack, tensors)
+        if ptrs is None:   # the checks, in parameter order, with their errors
+            src = self.compiled.source
+            by_name = {}
+            for p in src.params:
+                if p.kind == "tensor":
+                    by_name[p.value.name] = self._tensor(p.value, tensors, dims)
+                elif p.kind == "dim":
+                    check_dim(p, dims, src)
+            pack = self.pack(dims, delay)
+            ptrs = [by_name[n] if n in by_name else _pointer(tensors[n]) for n in pack.names]
         stream = stream or cupy.cuda.get_current_stream()
-        if src.persistent_units and any(dims.get(p.symbol, 1) == 0 for p in src.params
-                                        if p.kind == "dim"):
-            return   # an empty batch: nothing to compute (tensor maps need rows)
-        values, types = [], []
-        for p in src.params:
-            v, t = self._arg(p, tensors, dims, delay)
-            values.append(v)
-            types.append(t)
-        cfg = _launch_config(src, stream.ptr, blocks=self.grid)
-        check(cu.cuLaunchKernelEx(cfg, self.function, (tuple(values), tuple(types)), 0),
-              f"launching {src.name}")
+        self.launch_packed(pack, ptrs, stream.ptr)
+
+    def pack(self, dims: dict[str, int], delay: tuple[int, int] = (-1, 0)) -> ArgPack:
+        """The kernel's arguments packed for run-time ``dims`` and ``delay`` (cached; built
+        once per distinct value), to launch with :meth:`launch_packed`. InputError for a dim
+        that is missing or over max_batch."""
+        key = (tuple(dims.get(s) for s in self._symbols), tuple(delay))
+        pack = self._packs.get(key)
+        if pack is None:
+            ctx = PackContext(self.compiled.source, self.workspace.data.ptr,
+                              self.counters.data.ptr, dict(dims), tuple(delay))
+            pack = ArgPack(self.compiled.source.params, ctx)
+            pack.skip = bool(self.compiled.source.persistent_units) and any(
+                dims.get(s) == 0 for s in self._symbols)
+            tensor = {p.value.name: p.value for p in self.compiled.source.params
+                      if p.kind == "tensor"}
+            pack.expect = [(_shape(tensor[n], dims), tensor[n].type.dtype.itemsize)
+                           if n in tensor else None for n in pack.names]
+            if len(self._packs) >= 256:
+                self._packs.clear()
+            self._packs[key] = pack
+        return pack
+
+    def launch_packed(self, pack: ArgPack, ptrs, stream: int) -> None:
+        """Launch with ``pack`` (from :meth:`pack`) and the device pointers ``ptrs`` of
+        ``pack.names`` on stream handle ``stream``, unchecked: the caller has checked the
+        arguments (shapes, dtypes, layout and alignment). DeviceError if the launch fails."""
+        if pack.skip:
+            return   # a persistent kernel over an empty batch: nothing to compute
+        pack.fill(ptrs)
+        cfg = self._configs.get(stream)
+        if cfg is None:
+            cfg = self._config(stream)
+        r = self._launch(cfg, self.function, pack.address, 0)
+        if r[0]:
+            check(r, f"launching {self.compiled.source.name}")
+
+    def _config(self, stream: int):
+        """The launch configuration on stream handle ``stream`` (built once per stream)."""
+        if len(self._configs) >= 64:
+            self._configs.clear()
+        cfg = self._configs[stream] = _launch_config(self.compiled.source, stream,
+                                                     blocks=self._grid)
+        return cfg
+
+    @property
+    def grid(self) -> int | None:
+        """CTAs of a persistent kernel's launches (:func:`persistent_grid`); None otherwise.
+        Tests set it (e.g. to more CTAs than the GPU holds at once)."""
+        return self._grid
+
+    @grid.setter
+    def grid(self, n: int) -> None:
+        self._grid = n
+        self._configs.clear()
 
     def errors(self) -> int:
         """The error word of a streamed kernel's counters (non-zero: a counter wait timed out;
@@ -230,24 +290,27 @@ class LoadedKernel:
                              "16-byte vectors); allocations are, views may not be")
         return a.data.ptr
 
-    def _arg(self, p, tensors, dims, delay):
-        if p.kind == "tensor":
-            return self._tensor(p.value, tensors, dims), ctypes.c_void_p
-        if p.kind == "dim":
-            n = dims.get(p.symbol)
-            mb = self.compiled.source.kernel.attr("max_batch")
-            if n is None or not 0 <= n <= mb:
-                raise InputError(f"symbolic dim {p.symbol} = {n}", op=self.compiled.source.name,
-                                 valid=f"0 <= {p.symbol} <= max_batch = {mb}")
-            return int(n), ctypes.c_int
-        if p.kind == "tensormap":   # passed by value: the driver copies the 128 bytes
-            a = tensors[p.value.name]
-            rows = a.shape[0] if a.ndim == 2 else 1
-            return self.tensor_maps.get(p, self._tensor(p.value, tensors, dims), rows, p.box), None
-        if p.kind == "workspace":
-            return self.workspace.data.ptr, ctypes.c_void_p
-        if p.kind == "counters":
-            return self.counters.data.ptr, ctypes.c_void_p
-        if p.kind == "delay_rank":
-            return int(delay[0]), ctypes.c_int
-        return int(delay[1]), ctypes.c_ulonglong
+
+def _shape(v, dims) -> tuple:
+    return tuple(d if isinstance(d, int) else dims.get(d, -1) for d in v.type.shape)
+
+
+def _pointer(a) -> int:
+    return a.data.ptr
+
+
+def _checked_pointers(pack: ArgPack, tensors: dict) -> list | None:
+    """The device pointers of ``pack.names`` in ``tensors`` when every tensor has its expected
+    shape and element size and is C-contiguous and 16-byte aligned; None otherwise (the
+    parameter-by-parameter checks then raise the error)."""
+    out = []
+    for n, want in zip(pack.names, pack.expect):
+        a = tensors.get(n)
+        if a is None:
+            return None
+        p = a.data.ptr
+        if want is not None and (a.shape != want[0] or a.dtype.itemsize != want[1] or p & 15
+                                 or not a.flags.c_contiguous):
+            return None
+        out.append(p)
+    return out

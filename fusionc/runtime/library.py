@@ -103,21 +103,28 @@ def _check(status: int, what: str) -> None:
 def _handle(stream):
     """A cuBLAS handle bound once to ``stream`` (created on the stream's first call, which
     must not be captured: the warm-up before a capture)."""
+    import cupy
+    return handle_for(cupy.cuda.Device().id, stream.ptr)
+
+
+def handle_for(device: int, stream: int):
+    """:func:`_handle` of stream handle ``stream`` on ``device`` (the current device)."""
     import ctypes
 
     from fusionc.errors import DeviceError
-    import cupy
-    key = (cupy.cuda.Device().id, stream.ptr)
-    if key not in _HANDLES:
-        if stream.is_capturing():
+    key = (device, stream)
+    h = _HANDLES.get(key)
+    if h is None:
+        import cupy
+        if cupy.cuda.runtime.streamIsCapturing(stream):
             raise DeviceError("the first cuBLAS call on a stream is being captured",
                               op="library_call", valid="call the graph once on that stream "
                               "before capturing it (the warm-up creates its cuBLAS handle)")
         h = ctypes.c_void_p()
         _check(_cublas().cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
-        _check(_cublas().cublasSetStream_v2(h, stream.ptr), "cublasSetStream")
+        _check(_cublas().cublasSetStream_v2(h, stream), "cublasSetStream")
         _HANDLES[key] = h
-    return _HANDLES[key]
+    return h
 
 
 def gemm(x, w, out, dtype: str) -> None:
@@ -143,3 +150,22 @@ def gemm(x, w, out, dtype: str) -> None:
     _check(_cublas().cublasGemmEx(handle, 1, 0, N, T, K, a, w.data.ptr, t, ld[0], x.data.ptr,
                                   t, ld[1], a + 4, out.data.ptr, t, ld[2], 68, _GEMM_DEFAULT),
            "cublasGemmEx")
+
+
+def gemm_plan(T: int, K: int, N: int, dtype: str, device: int):
+    """:func:`gemm` of contiguous ``x [T, K]``, ``w [N, K]`` and ``out [T, N]`` fixed once:
+    returns ``run(stream, x_ptr, w_ptr, out_ptr)`` for a stream handle and device pointers
+    (the cached call path of :mod:`fusionc.runtime.plan`; nothing is checked per call)."""
+    if T == 0:
+        return lambda stream, x, w, out: None
+    handles, lib = _HANDLES, _cublas()
+    t, a = CUDA_R[dtype], _ONE_ZERO.ctypes.data
+    call = lib.cublasGemmEx
+
+    def run(stream, x, w, out):
+        h = handles.get((device, stream))
+        if h is None:
+            h = handle_for(device, stream)
+        _check(call(h, 1, 0, N, T, K, a, w, t, K, x, t, K, a + 4, out, t, N, 68,
+                    _GEMM_DEFAULT), "cublasGemmEx")
+    return run

@@ -4,9 +4,11 @@ A streamed kernel's ``tensormap`` parameter (``fusionc.codegen.source.KernelPara
 2D tensor ``[rows, cols]`` (row-major) and a box of ``(inner elements, rows)``; the kernel copies
 boxes in the 128-byte swizzle (``fusionc.stream.ring``), and elements outside the tensor arrive as
 zeros. The map encodes the tensor's address, so it is built per pointer and cached: a decode
-loop or a CUDA graph that reuses its buffers builds each map once (:class:`TensorMaps`).
+loop or a CUDA graph that reuses its buffers builds each map once (:func:`cached`).
 """
 from __future__ import annotations
+
+import ctypes
 
 from fusionc.errors import InputError
 from fusionc.ir.types import DType
@@ -40,22 +42,45 @@ def encode(ptr: int, dtype: DType, rows: int, cols: int, box: tuple[int, int]):
         "cuTensorMapEncodeTiled")
 
 
-class TensorMaps:
-    """Tensor maps by (parameter, pointer, rows): built on first use, then reused."""
+class _MapStorage(ctypes.Structure):
+    """128 bytes, 64-byte aligned (``CUtensorMap``): the kernel argument's storage."""
 
-    def __init__(self, limit: int = 256):
-        self._maps: dict = {}
-        self.limit = limit
+    _pack_ = 1
+    _fields_ = [("bytes", ctypes.c_ubyte * 192)]   # room to place 128 bytes at 64 alignment
 
-    def get(self, param, ptr: int, rows: int, box: tuple[int, int]):
-        """The map of kernel parameter ``param`` (a KernelParam of kind ``tensormap``) for the
-        tensor at ``ptr`` with ``rows`` rows."""
-        key = (param.name, ptr, rows)
-        m = self._maps.get(key)
-        if m is None:
-            if len(self._maps) >= self.limit:   # many buffers: forget the oldest
-                self._maps.pop(next(iter(self._maps)))
-            v = param.value
-            m = encode(ptr, v.type.dtype, rows, v.type.shape[-1], box)
-            self._maps[key] = m
-        return m
+    def aligned(self) -> int:
+        a = ctypes.addressof(self)
+        return a + (-a) % 64
+
+
+_CACHE: dict = {}
+CACHE_LIMIT = 1024   # maps kept (rotating buffers: a few per weight)
+
+
+def cached(ptr: int, dtype: DType, rows: int, cols: int, box: tuple[int, int]):
+    """:func:`encode`, remembered per (pointer, dtype, shape, box)."""
+    key = (ptr, dtype, rows, cols, box)
+    m = _CACHE.get(key)
+    if m is None:
+        if len(_CACHE) >= CACHE_LIMIT:
+            _CACHE.pop(next(iter(_CACHE)))
+        m = _CACHE[key] = encode(ptr, dtype, rows, cols, box)
+    return m
+
+
+def pack_tensormap(p, ctx):
+    """The argument packer of kind ``tensormap`` (``fusionc.runtime.params.PACKERS``): a slot
+    that follows the tensor's pointer and holds its map's 128 bytes (rebuilt only when the
+    pointer changes)."""
+    from fusionc.runtime.params import Slot
+    v = p.value
+    rows = v.type.shape[0] if isinstance(v.type.shape[0], int) else ctx.dims.get(v.type.shape[0])
+    storage = _MapStorage()
+    last = [None]
+
+    def update(st, ptr):
+        if ptr != last[0]:
+            m = cached(ptr, v.type.dtype, rows, v.type.shape[-1], p.box)
+            ctypes.memmove(st.aligned(), m.getPtr(), 128)
+            last[0] = ptr
+    return Slot(storage, v.name, update, storage.aligned())

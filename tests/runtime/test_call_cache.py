@@ -1,0 +1,262 @@
+"""The cached call path of ``fusionc.compile`` callables (issue 23), on the CPU with a fake GPU
+(``benchmarks/cpu_fakes.py``): a second call with the same argument signature launches from
+its plan with the new pointers; a changed shape, dtype, device, layout or alignment on a later
+call is caught with the error (type and message) of a first call; bad first calls give the
+errors of the checked path."""
+# no `from __future__ import annotations`: the DSL evaluates the annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from benchmarks import cpu_fakes
+from benchmarks.cpu_fakes import FakeTensor, fake_cupy_array, launched_args
+from fusionc.errors import FusionError, InputError
+from tests.passes.graphs import example
+
+SIZES = dict(hidden=256, heads=2, head_dim=128, intermediate=512, max_seq=64)
+
+
+@pytest.fixture(scope="module")
+def module():
+    return example("llama2_7b", **SIZES, dtype="f16")
+
+
+@pytest.fixture
+def gpu():
+    with cpu_fakes.fake_gpu() as cu:
+        yield cu
+
+
+def _compile(module, graph="mlp", max_batch=4):
+    import fusionc
+    return fusionc.compile(module, graph, max_batch=max_batch)
+
+
+def _args(cg, batch=2, torch=False, **over):
+    from fusionc.runtime.arrays import _CUPY, _TORCH
+    out = {}
+    for p in cg.host.params:
+        shape, dt = p.type.concrete({"B": batch}), p.type.dtype
+        out[p.name] = FakeTensor(shape, _TORCH[dt]) if torch else fake_cupy_array(
+            shape, _CUPY[dt])
+    out.update(over)
+    return out
+
+
+def _kinds(cg):
+    (k,) = cg.kernels.values()
+    return [p.kind for p in k.source.params]
+
+
+def _error(fn, *args, **kwargs):
+    with pytest.raises(FusionError) as e:
+        fn(*args, **kwargs)
+    return type(e.value), str(e.value)
+
+
+def test_second_call_launches_from_the_plan_with_new_pointers(module, gpu):
+    cg = _compile(module)
+    a, b = _args(cg), _args(cg)
+    (y1,) = cg(**a)
+    first = launched_args(gpu.last[2], _kinds(cg))
+    assert len(cg._plans) == 1
+    (y2,) = cg(**b)
+    second = launched_args(gpu.last[2], _kinds(cg))
+    assert gpu.launches == 2 and len(cg._plans) == 1
+    (k,) = cg.kernels.values()
+    ptr = {**{n: x.data.ptr for n, x in a.items()}, "0": y1.data.ptr}
+    ptr2 = {**{n: x.data.ptr for n, x in b.items()}, "0": y2.data.ptr}
+    names = [p.value.name if p.kind == "tensor" else None for p in k.source.params]
+    op = cg.host.body[0]
+    kg = cg.module[op.attr("kernel").name]
+    host_of = {p.name: v.name for p, v in zip(kg.params, op.operands)}
+    host_of.update({v.name: r.name for v, r in zip(kg.outputs, op.results)})
+    for i, n in enumerate(names):
+        if n is None:
+            assert first[i] == second[i]   # dims, workspace, counters: unchanged
+        else:
+            assert first[i] == ptr[host_of[n]] and second[i] == ptr2[host_of[n]]
+    assert y1.shape == y2.shape == (2, SIZES["hidden"]) and y1.data.ptr != y2.data.ptr
+
+
+def test_positional_and_keyword_calls_share_the_plan(module, gpu):
+    cg = _compile(module)
+    a = _args(cg)
+    cg(**a)
+    names = list(a)
+    cg(*[a[n] for n in names])
+    cg(a[names[0]], **{n: a[n] for n in reversed(names[1:])})
+    assert gpu.launches == 3 and len(cg._plans) == 1
+
+
+def _misaligned(shape, dtype):
+    return fake_cupy_array(shape, dtype, ptr=cpu_fakes.alloc_address(1 << 20) + 2)
+
+
+def _strided(shape, dtype):
+    wide = fake_cupy_array((shape[0], 2 * shape[1]), dtype)
+    return wide[:, ::2]
+
+
+H, I = SIZES["hidden"], SIZES["intermediate"]
+BAD = {   # argument changes on the second call -> the message of the checked path
+    "shape": (lambda: dict(x=fake_cupy_array((2, 128), "float16")), "has shape"),
+    "dtype": (lambda: dict(x=fake_cupy_array((2, H), "float32")), "has dtype float32"),
+    "device": (lambda: dict(x=fake_cupy_array((2, H), "float16", device=1)), "is on GPU 1"),
+    "numpy": (lambda: dict(x=np.zeros((2, H), np.float16)), "is a ndarray"),
+    "strided": (lambda: dict(w_down=_strided((H, I), "float16")), "is not contiguous"),
+    "misaligned": (lambda: dict(x=_misaligned((2, H), "float16")), "not 16-byte aligned"),
+    "batch": (lambda: dict(x=fake_cupy_array((8, H), "float16")),
+              "exceeds the compiled batch bucket"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_changed_argument_caught_like_on_a_first_call(module, gpu, case):
+    make, msg = BAD[case]
+    warm = _compile(module)
+    good = _args(warm)
+    warm(**good)
+    warm(**good)   # planned
+    bad = {**good, **make()}
+    if case == "batch":   # every B-typed argument at batch 8
+        bad = _args(warm, 8)
+    cold = _compile(module)
+    first = _error(cold, **bad)
+    again = _error(warm, **bad)
+    assert first == again and first[0] is InputError and msg in first[1]
+    warm(**good)   # the plan still serves good calls
+    assert gpu.launches == 3
+
+
+TORCH_BAD = {
+    "cpu": (lambda: FakeTensor((2, H), "float16", device=None), "is on cpu"),
+    "device": (lambda: FakeTensor((2, H), "float16", device=1), "is on cuda:1"),
+    "dtype": (lambda: FakeTensor((2, H), "bfloat16"), "has dtype torch.bfloat16"),
+    "strided": (lambda: FakeTensor((2, H), "float16", contiguous=False), "is not contiguous"),
+    "misaligned": (lambda: FakeTensor((2, H), "float16",
+                                      ptr=cpu_fakes.alloc_address(1 << 16) + 8),
+                   "not 16-byte aligned"),
+    "shape": (lambda: FakeTensor((2, 128), "float16"), "has shape"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TORCH_BAD))
+def test_changed_torch_argument_caught_like_on_a_first_call(module, gpu, case):
+    make, msg = TORCH_BAD[case]
+    warm = _compile(module)
+    good = _args(warm, torch=True)
+    warm(**good)
+    warm(**good)
+    bad = {**good, "x": make()}
+    first, again = _error(_compile(module), **bad), _error(warm, **bad)
+    assert first == again and first[0] is InputError and msg in first[1]
+
+
+def test_bad_first_calls_keep_their_errors(module, gpu):
+    cg = _compile(module)
+    a = _args(cg)
+    missing = {k: v for k, v in a.items() if k != "mlp_norm"}
+    assert _error(cg, **missing) == (InputError, "input error: 'mlp': missing arguments "
+                                     "['mlp_norm'] (valid: x, mlp_norm, w_gate_up, w_down)")
+    assert "unexpected or repeated argument 'bogus'" in _error(cg, **a, bogus=a["x"])[1]
+    assert "5 positional arguments" in _error(cg, *a.values(), a["x"])[1]
+    assert "repeated argument 'x'" in _error(cg, a["x"], **a)[1]
+    assert _error(cg, **{**a, "x": _strided((2, H), "float16")}) == (
+        InputError, "input error: 'mlp': argument 'x' is not contiguous "
+                    "(valid: a C-contiguous (row-major) tensor; call .contiguous())")
+    assert gpu.launches == 0 and not cg._plans
+    out = fake_cupy_array((1, 8), "float16")
+    cg(**a)
+    msg = _error(cg, **a, outputs={"0": out})[1]   # given outputs: still checked per call
+    assert "output '0' has shape [1, 8]" in msg
+    assert "outputs= is a list" in _error(cg, **a, outputs=[out])[1]
+
+
+def test_capture_keeps_the_buffers_of_planned_calls(module, gpu):
+    cg = _compile(module)
+    a = _args(cg, torch=True)
+    cg(**a)
+    cpu_fakes.STREAM.capturing = True
+    (y,) = cg(**a)
+    cpu_fakes.STREAM.capturing = False
+    assert len(cg._captured) == 1 and y in cg._captured[0]
+    cg(**a)
+    assert len(cg._captured) == 1
+
+
+def test_two_kernel_attention_then_library_linear(module, gpu, monkeypatch):
+    """Attention (in-place KV caches) and a GEMM graph take the planned path too."""
+    import fusionc as fc
+    from fusionc.runtime import library
+    cg = _compile(module, "attention")
+    a = _args(cg)
+    out1 = cg(**a)
+    out2 = cg(**a)
+    assert out2[1] is a["k_cache"] and out2[2] is a["v_cache"] and out1[0] is not out2[0]
+    T = fc.dtype("f16")
+
+    @fc.graph
+    def lin(x: T["B", 256], w: T[128, 256]):
+        return fc.linear(x, w)
+    calls = []
+    fake = library._cublas()
+    monkeypatch.setattr(fake, "cublasGemmEx", lambda *args: calls.append(args) or 0)
+    g = fc.compile(lin, max_batch=4)
+    x, w = fake_cupy_array((3, 256), "float16"), fake_cupy_array((128, 256), "float16")
+    (y1,) = g(x, w)
+    (y2,) = g(x, w)
+    assert len(g._plans) == 1 and len(calls) == 2 and calls[0][3:6] == calls[1][3:6] == (
+        128, 3, 256)
+    for c, y in zip(calls, (y1, y2)):
+        assert (c[7], c[10], c[14]) == (w.data.ptr, x.data.ptr, y.data.ptr)
+
+
+def test_loaded_kernel_launch_keeps_its_checks(module, gpu):
+    from fusionc.runtime.launch import LoadedKernel
+    cg = _compile(module)
+    (ck,) = cg.kernels.values()
+    lk = LoadedKernel(ck)
+    t = {v.name: fake_cupy_array(v.type.concrete({"B": 2}),
+                                 "float16") for v in ck.source.kernel.params}
+    lk.launch(t, {"B": 2})
+    lk.launch(t, {"B": 2})
+    assert gpu.launches == 2
+    first = list(t)[0]
+    with pytest.raises(InputError, match=f"missing argument %{first}"):
+        lk.launch({k: v for k, v in t.items() if k != first}, {"B": 2})
+    with pytest.raises(InputError, match="symbolic dim B = 9"):
+        lk.launch({k: fake_cupy_array(v.shape[:0] + (9,) + v.shape[1:], "float16")
+                   if v.shape[0] == 2 else v for k, v in t.items()}, {"B": 9})
+    with pytest.raises(InputError, match=f"%{first} is float16"):
+        lk.launch({**t, first: fake_cupy_array((1, 3), "float16")}, {"B": 2})
+    with pytest.raises(InputError, match="not 16-byte aligned"):
+        lk.launch({**t, first: _misaligned(t[first].shape, "float16")}, {"B": 2})
+
+
+def test_packer_table_takes_a_new_kind():
+    """A parameter kind added to the packer table (e.g. a tensor map following a weight's
+    pointer) gets its storage rewritten at every launch."""
+    from types import SimpleNamespace
+
+    from fusionc.runtime.params import PACKERS, ArgPack, PackContext, Slot
+    seen = []
+
+    def tensormap(p, ctx):
+        def update(storage, ptr):
+            seen.append(ptr)
+            storage[0] = ptr & 0xFF
+        return Slot((ctypes.c_ubyte * 128)(), tensor=p.value.name, update=update)
+    v = SimpleNamespace(name="w")
+    params = [SimpleNamespace(kind="tensor", name="x", value=SimpleNamespace(name="x")),
+              SimpleNamespace(kind="tensormap", name="w_map", value=v),
+              SimpleNamespace(kind="workspace", name="fc_ws")]
+    ctx = PackContext(SimpleNamespace(name="k"), 0x1000, 0x2000, {}, (-1, 0))
+    with pytest.raises(InputError, match="kind 'tensormap'"):
+        ArgPack(params, ctx)
+    pack = ArgPack(params, ctx, {**PACKERS, "tensormap": tensormap})
+    assert pack.names == ("x", "w")
+    pack.fill([0x5000, 0x6012])
+    assert seen == [0x6012] and pack.values() == [0x5000, 0x12, 0x1000]
