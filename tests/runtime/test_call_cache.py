@@ -244,19 +244,19 @@ def test_packer_table_takes_a_new_kind():
     from fusionc.runtime.params import PACKERS, ArgPack, PackContext, Slot
     seen = []
 
-    def tensormap(p, ctx):
+    def custom128(p, ctx):
         def update(storage, ptr):
             seen.append(ptr)
             storage[0] = ptr & 0xFF
         return Slot((ctypes.c_ubyte * 128)(), tensor=p.value.name, update=update)
     v = SimpleNamespace(name="w")
     params = [SimpleNamespace(kind="tensor", name="x", value=SimpleNamespace(name="x")),
-              SimpleNamespace(kind="tensormap", name="w_map", value=v),
+              SimpleNamespace(kind="custom128", name="w_custom", value=v),
               SimpleNamespace(kind="workspace", name="fc_ws")]
     ctx = PackContext(SimpleNamespace(name="k"), 0x1000, 0x2000, {}, (-1, 0))
-    with pytest.raises(InputError, match="kind 'tensormap'"):
+    with pytest.raises(InputError, match="kind 'custom128'"):
         ArgPack(params, ctx)
-    pack = ArgPack(params, ctx, {**PACKERS, "tensormap": tensormap})
+    pack = ArgPack(params, ctx, {**PACKERS, "custom128": custom128})
     assert pack.names == ("x", "w")
     pack.fill([0x5000, 0x6012])
     assert seen == [0x6012] and pack.values() == [0x5000, 0x12, 0x1000]
