@@ -34,7 +34,8 @@ def encode(ptr: int, dtype: DType, rows: int, cols: int, box: tuple[int, int]):
                          valid="16-byte aligned tensors whose rows are a multiple of 16 bytes")
     return check(cu.cuTensorMapEncodeTiled(
         getattr(cu.CUtensorMapDataType, _DTYPES[dtype]), 2, ptr,
-        [cols, max(1, rows)], [cols * item], [box[0], box[1]], [1, 1],
+        [cu.cuuint64_t(cols), cu.cuuint64_t(max(1, rows))], [cu.cuuint64_t(cols * item)],
+        [cu.cuuint32_t(box[0]), cu.cuuint32_t(box[1])], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
