@@ -18,8 +18,9 @@ NAME``:
     (TMA reads of data others wrote with ordinary stores). The simulator reports each missing
     one by name (``tests/sim/test_stream_hazards.py``).
 ``smem-plan{max_stages}``
-    Sizes each ring: the most stages (at most ``max_stages``) whose bytes, with the kernel's
-    other shared memory, fit in 227 KB per CTA (one CTA per SM).
+    Sizes each ring: the most stages (at most ``max_stages``, default 4) whose bytes, with the
+    kernel's other shared memory, fit in 227 KB per CTA (one CTA per SM). Deeper rings measured
+    slower (BENCHMARKS.md, issue 20).
 """
 from __future__ import annotations
 
@@ -171,7 +172,7 @@ class SmemPlan(Pass):
     """See the module docstring."""
 
     name = "smem-plan"
-    max_stages: int = 8
+    max_stages: int = 4   # 4 beat 6 and 8 on an H200 (2026-12-02: 13.7 vs 16.0 us, 4096 x 4096)
 
     def run(self, module: Module) -> Module:
         return _kernels(module, self.size)
