@@ -36,8 +36,8 @@ def simulate_kernel(kernel: Graph, args: dict[str, np.ndarray],
     """
     env = bind_shapes(kernel.params, {k: np.shape(v) for k, v in args.items()}, kernel.name,
                       env)
-    memory = GlobalMemory({p.name: np.array(round_to(np.asarray(args[p.name]), p.type.dtype))
-                           for p in kernel.params})
+    memory = GlobalMemory({p.name: round_to(np.asarray(args[p.name]), p.type.dtype)
+                           for p in kernel.params})   # round_to returns a new array
     grid, size = kernel.attr("grid"), kernel.attr("cluster")
     clusters = [_run_cluster(kernel, cid, size, env, memory) for cid in range(grid)]
     while clusters:   # every cluster runs to its next grid_barrier (or its end), then all resume
