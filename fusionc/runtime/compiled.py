@@ -213,6 +213,10 @@ class CompiledGraph:
         from fusionc.display import graph_text
         p.text("..." if cycle else graph_text(self.host) + "\n" + self.report())
 
+    def __repr__(self) -> str:
+        from fusionc.display import compiled_repr
+        return compiled_repr(self)
+
     def __call__(self, *args, outputs: dict | None = None, **kwargs):
         from fusionc.runtime.launch import LoadedKernel
         given = self._named(args, kwargs)
