@@ -1,3 +1,3 @@
 """Subcommands of the ``fusionc`` command line, one module each."""
-from fusionc.commands import (compile, generate, ir, launch, random_model, run,  # noqa: F401
-                              tune)
+from fusionc.commands import (cache, compile, generate, ir, launch, random_model,  # noqa: F401
+                              run, tune)
