@@ -1,7 +1,7 @@
 """Shared benchmark machinery (GPU only): copy bandwidth, CUDA-graph timing over rotating buffer
 sets, and the result table.
 
-Method (DESIGN §6.5, METHOD.md): every variant is captured in one CUDA graph that calls it once
+Method (docs/ARCHITECTURE.md, testing tier 5): every variant is captured in one CUDA graph that calls it once
 on each of N distinct buffer sets (weights, KV caches, activations) whose total is at least 3× the
 60 MB L2, so no variant runs out of cache; the graph is replayed many times and the median replay
 time divided by N is the time per call. The HBM floor is the bytes that must move (weights and the

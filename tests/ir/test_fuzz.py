@@ -1,5 +1,5 @@
 """Fuzzing the parser: any text gives a module or a fusionc error, never another exception and
-never a hang (DESIGN §3: no Python traceback from inside the compiler for user mistakes)."""
+never a hang (docs/ARCHITECTURE.md, IR rules: no Python traceback from inside the compiler for user mistakes)."""
 from __future__ import annotations
 
 import re

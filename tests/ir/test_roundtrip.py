@@ -1,4 +1,4 @@
-"""print_module / parse_module round trip on random well-typed modules (DESIGN §3)."""
+"""print_module / parse_module round trip on random well-typed modules (docs/ARCHITECTURE.md, IR rules)."""
 from __future__ import annotations
 
 import math
