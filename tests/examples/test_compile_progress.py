@@ -1,6 +1,10 @@
 """``fusionc compile`` says what it does: a line per graph as its simulator check starts, the
 check's tolerance and output names, skipped checks, and graphs lowered to library calls."""
+import pytest
+
 import fusionc.cli
+
+pytestmark = pytest.mark.slow   # fusionc compile of whole examples: lowering, NVRTC, simulator
 
 SMALL = ["-D", "hidden=256", "-D", "heads=2", "-D", "intermediate=512", "-D", "max_seq=64"]
 

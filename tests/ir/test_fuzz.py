@@ -158,6 +158,7 @@ def mutated_ir(draw) -> str:
     return text
 
 
+@pytest.mark.slow
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_ir())
 def test_mutated_ir(text):

@@ -24,6 +24,7 @@ def assert_round_trip(m: Module) -> str:
     return text
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(modules())
 def test_random_modules_verify_and_round_trip(m):
