@@ -12,8 +12,10 @@ writes into DIR:
   <graph>.0-input.fir, <graph>.1-fuse-allreduce-norm.fir, ...  the IR after each pass
   <kernel>.cu, <kernel>.cubin                                 CUDA source and sm_90a cubin
 and prints per kernel: grid, cluster size, threads, registers, shared memory, spills; then the
-simulator check: the lowered module run by the tile-IR simulator on random inputs against the
-graph-IR interpreter (relative error per output).
+simulator check ("checking @GRAPH ..." as it starts): the lowered module run by the tile-IR
+simulator on random inputs against the graph-IR interpreter, the relative error per output
+(unnamed results as "output N") and ok when each is within the tolerance (1e-02). A graph
+lowered to library calls says so; an already lowered input has no check (it says skipped).
 
 examples:
   fusionc compile examples/llama2_7b.py -o /tmp/out
