@@ -2,7 +2,7 @@
 only), and the result table (also on a machine without torch: the timing helpers need it only
 when called).
 
-Method (DESIGN §6.5, METHOD.md): every variant is captured in one CUDA graph that calls it once
+Method (docs/ARCHITECTURE.md, testing tier 5): every variant is captured in one CUDA graph that calls it once
 on each of N distinct buffer sets (weights, KV caches, activations) whose total is at least 3× the
 60 MB L2, so no variant runs out of cache; the graph is replayed many times and the median replay
 time divided by N is the time per call. The HBM floor is the bytes that must move (weights and the

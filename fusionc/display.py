@@ -45,3 +45,14 @@ def compiled_html(c) -> str:
     head = html_block(f"compiled @{c.host.name} (batch <= {c.max_batch})", graph_text(c.host),
                       note=f"{len(c.kernels)} kernel(s)")
     return head + "".join(kernel_html(k) for k in c.kernels.values())
+
+
+def signature(g) -> str:
+    """``@name(param, ...)``: a graph's name and parameter names, for short reprs."""
+    return f"@{g.name}({', '.join(p.name for p in g.params)})"
+
+
+def compiled_repr(c) -> str:
+    """The one-line repr of a compiled graph: name, parameters, batch bucket, kernels."""
+    kernels = ", ".join(c.kernels) or "no fusionc kernel"
+    return f"<CompiledGraph {signature(c.host)}, max_batch={c.max_batch}: kernels {kernels}>"

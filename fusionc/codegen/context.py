@@ -23,7 +23,7 @@ class CodegenOptions:
         gemv_mma_batch: batch rows (per weight read, at the kernel's ``max_batch``) from which
             gemv runs on tensor cores (``mma.sync`` m16n8k16, weights as M, batch rows as N)
             when x and the weights share a 16-bit dtype; 0 keeps CUDA-core FMA everywhere.
-            DESIGN §5: from 4 rows the FMA path is compute-bound.
+            docs/ARCHITECTURE.md: from 4 rows the FMA path is compute-bound.
         gemv_mma_pipeline: 1: in kernels built for one CTA per SM, the tensor-core gemv
             issues the next block of weight loads before using the current one (two blocks
             of ``gemv_unroll / 4`` k-steps in flight); elsewhere, and with 0, one block of

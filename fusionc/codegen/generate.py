@@ -30,7 +30,7 @@ def min_blocks(kernel: Graph, smem: int) -> int:
     """``__launch_bounds__``' CTAs per SM: 2 where shared memory and threads allow two (ptxas
     then keeps a 256-thread CTA within 128 registers), else 1. The cost model's occupancy
     (``fusionc.cost.model.ctas_per_sm``) assumes this; a cluster of 16 at one CTA per SM leaves
-    Llama-3-8B's 8 KV-head clusters in two waves (7 resident, ANCHORS.md)."""
+    Llama-3-8B's 8 KV-head clusters in two waves (7 resident, measured)."""
     from fusionc.cost.model import ctas_per_sm
     return min(2, ctas_per_sm(kernel, smem=smem))
 

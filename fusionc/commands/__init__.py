@@ -1,2 +1,3 @@
 """Subcommands of the ``fusionc`` command line, one module each."""
-from fusionc.commands import compile, generate, ir, launch, run, tune  # noqa: F401
+from fusionc.commands import (cache, compile, generate, ir, launch, random_model,  # noqa: F401
+                              run, tune)

@@ -7,15 +7,17 @@ import pathlib
 
 from fusionc.cli import command
 from fusionc.commands.check import (  # noqa: F401  (public here: fusionc.tune, tests)
-    check_batch, check_plan, random_inputs, simulator_check)
+    check_batch, check_plan, lowering_notes, random_inputs, simulator_check)
 
 _EPILOG = """\
 writes into DIR:
   <graph>.0-input.fir, <graph>.1-fuse-allreduce-norm.fir, ...  the IR after each pass
   <kernel>.cu, <kernel>.cubin                                 CUDA source and sm_90a cubin
 and prints per kernel: grid, cluster size, threads, registers, shared memory, spills; then the
-simulator check: the lowered module run by the tile-IR simulator on random inputs against the
-graph-IR interpreter (relative error per output).
+simulator check ("checking @GRAPH ..." as it starts): the lowered module run by the tile-IR
+simulator on random inputs against the graph-IR interpreter, the relative error per output
+(unnamed results as "output N") and ok when each is within the tolerance (1e-02). A graph
+lowered to library calls says so; an already lowered input has no check (it says skipped).
 
 examples:
   fusionc compile examples/llama2_7b.py -o /tmp/out
@@ -72,9 +74,15 @@ def compile_main(args) -> int:
     failed, done = False, set()
     for g in graphs:
         lowered = module if lowered_input else _lower(g, args, out)
+        for line in lowering_notes(g.name, lowered):
+            print(line)
         _compile_kernels(lowered, g.name, out, done if lowered_input else set(),
                          lowered_input)
-        if not args.no_check and not lowered_input:
+        if args.no_check or lowered_input:
+            print(f"simulator check @{g.name} skipped: "
+                  + ("--no-check" if args.no_check else "the input is already lowered (no "
+                     "graph IR to compare with; check its graph IR file instead)"))
+        else:
             failed = not _check(g, lowered, args) or failed
     print(f"wrote {out}/")
     return 1 if failed else 0
@@ -166,6 +174,7 @@ def _check(g, lowered, args) -> bool:
     if skip:
         print(skip)
         return True
+    print(f"checking @{g.name} in the simulator (batch {batch}) ...", flush=True)
     try:
         line = simulator_check(g, lowered, batch)
     except MemoryError:

@@ -14,7 +14,8 @@ kernel; one decode step is one CUDA graph. Prints the tokens of each sequence an
 
 examples:
   fusionc generate --model ./Llama-3.1-8B --prompt-tokens 128000,791,6864 --max-new-tokens 64
-  fusionc generate --model ./tiny-qwen3 --prompt-tokens 1,2,3 --cpu     # interpreter, no GPU
+  fusionc random-model /tmp/tiny --kind qwen3                             # a tiny random model
+  fusionc generate --model /tmp/tiny --prompt-tokens 1,2,3 --cpu         # interpreter, no GPU
 """
 
 
@@ -31,7 +32,7 @@ def token_list(text: str) -> list[int]:
 
 
 @command("generate", "decode a Hugging Face Llama/Qwen3 model (safetensors) on the GPU, or "
-                     "in the interpreter with --cpu")
+                     "a Llama/Qwen2/Qwen2.5/Qwen3 model in the interpreter with --cpu")
 def setup(p):
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = _EPILOG
@@ -80,7 +81,9 @@ def run(args) -> int:
         raise InputError(f"--max-seq {max_seq} for {len(args.prompt_tokens)} prompt + "
                          f"{args.max_new_tokens} new tokens", valid=f"--max-seq >= {total}")
     if not args.cpu:
+        from fusionc.models.decoder import check_gpu_support
         from fusionc.runtime.arrays import require_gpu
+        check_gpu_support(cfg)   # before the GPU check: a model the kernels cannot run yet
         require_gpu()
     cls = HostDecoder if args.cpu else Decoder
     with tqdm(desc="compiling kernels", unit="kernel", disable=args.cpu) as bar:

@@ -1,5 +1,5 @@
-"""Stored facts about the NVIDIA H200 (SXM), measured on the project's machines (2026-11-29,
-shared/ANCHORS.md) unless marked as a datasheet lead.
+"""Stored facts about the NVIDIA H200 (SXM), measured on the project's machines (2026-11-29)
+unless marked as a datasheet lead.
 
 These drive the choice of cluster size and mapping without a GPU; autotuning on the device
 refines them (issue 8).

@@ -5,7 +5,7 @@
 runs the body with its own ``cluster`` in [0, G) and ``rank`` in [0, C). Parameters are global
 tensors; the returned ones are the kernel's outputs (written in place).
 
-Invariants checked here (DESIGN §3):
+Invariants checked here (docs/ARCHITECTURE.md, IR rules):
 - C ∈ {1, 2, 4, 8, 16}; 16 only with ``nonportable = true`` (the non-portable cluster size
   attribute must be set on the function before launch);
 - T a multiple of 32 (whole warps), at most 1024;

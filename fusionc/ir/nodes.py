@@ -147,6 +147,32 @@ class Module:
     def replace(self, **changes: Any) -> "Module":
         return replace(self, **changes)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module's graph in the graph-IR interpreter (``fusionc.interpret``), called
+        like the traced function: numpy arrays positionally (in parameter order) or by
+        parameter name. Returns the output array, or a tuple of them when the graph has several
+        outputs. A module of several graphs: call ``fusionc.interpret(module, inputs,
+        graph=NAME)``. Raises InputError for missing, unknown or ill-shaped inputs.
+        """
+        from fusionc.errors import InputError
+        from fusionc.interp.interpreter import interpret
+        graphs = [g for g in self.graphs if g.kind == "graph"]
+        if len(graphs) != 1:
+            raise InputError(f"a module of {len(graphs)} graphs is called",
+                             valid="a module of one graph, or fusionc.interpret(module, "
+                                   "inputs, graph=one of " + ", ".join(self.names) + ")")
+        g = graphs[0]
+        if len(args) > len(g.params):
+            raise InputError(f"graph @{g.name} takes {len(g.params)} inputs, {len(args)} given",
+                             loc=g.loc, valid=", ".join(p.name for p in g.params))
+        inputs = dict(zip((p.name for p in g.params), args))
+        twice = sorted(set(inputs) & set(kwargs))
+        if twice:
+            raise InputError(f"graph @{g.name}: inputs {twice} given positionally and by name",
+                             loc=g.loc, valid="each input once")
+        outs = interpret(g, {**inputs, **kwargs})
+        return outs[0] if len(outs) == 1 else outs
+
     def _repr_html_(self) -> str:
         from fusionc.display import module_html
         return module_html(self)

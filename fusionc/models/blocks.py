@@ -7,8 +7,10 @@ over, usually positions[b] + 1). KV cache layout ``[B, max_seq, kv_heads, head_d
 
 Llama 2/3: Touvron et al. 2023, "Llama 2"; Llama Team 2024, "The Llama 3 Herd of Models".
 Qwen3 (``qk_norm``): Qwen Team 2025, "Qwen3 Technical Report", §2 — an RMSNorm over head_dim on
-every query and key head (one weight vector shared by the heads) before RoPE. RoPE uses the NeoX
-(half split) layout of the Hugging Face weights.
+every query and key head (one weight vector shared by the heads) before RoPE. Qwen2 / Qwen2.5
+(``qkv_bias``): Qwen Team 2024, "Qwen2 Technical Report", §2.1 — a bias on the q, k and v
+projections (none on the output projection). RoPE uses the NeoX (half split) layout of the
+Hugging Face weights.
 """
 
 import math  # no `from __future__ import annotations`: the DSL evaluates the annotations
@@ -19,21 +21,25 @@ from fusionc.ir import Module
 
 def attention_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int, max_seq: int,
                     eps: float, theta: float, dtype: str, qk_norm: bool = False,
-                    rope_scaling=()) -> Module:
+                    rope_scaling=(), qkv_bias: bool = False) -> Module:
     """Graph ``@attention``: x + o_proj(attention(rope(qkv_proj(rms_norm(x))))).
 
     Weights: fused QKV ``[(heads + 2·kv_heads)·head_dim, hidden]`` (q rows, then k, then v),
     output projection ``[hidden, heads·head_dim]``; with ``qk_norm`` also ``q_norm`` and
-    ``k_norm`` ``[head_dim]``. ``rope_scaling``: Llama 3.1's frequency scaling
-    (``fusionc.ir.ops.rope``). Returns the new hidden state and the updated KV caches.
+    ``k_norm`` ``[head_dim]``; with ``qkv_bias`` the fused bias ``qkv_bias`` of the QKV rows
+    (Qwen2). ``rope_scaling``: Llama 3.1's frequency scaling (``fusionc.ir.ops.rope``).
+    Returns the new hidden state and the updated KV caches. Raises ValueError for
+    ``qk_norm`` with ``qkv_bias`` (no model has both).
     """
+    if qk_norm and qkv_bias:
+        raise ValueError("qk_norm with qkv_bias: no supported model has both")
     T = fc.dtype(dtype)
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
     cache = T["B", max_seq, kv_heads, head_dim]
 
-    def heads_of(x, w_qkv, norms, positions):
+    def heads_of(x, w_qkv, norms, positions, bias=None):
         h = fc.rms_norm(x, norms[0], eps, name="h")
-        qkv = fc.linear(h, w_qkv, name="qkv")
+        qkv = fc.linear(h, w_qkv, bias, name="qkv")
         q, k, v = fc.split(qkv, [q_size, kv_size, kv_size], name=("q", "k", "v"))
         q, k = fc.split_heads(q, heads, name="q_heads"), fc.split_heads(k, kv_heads, name="k_heads")
         if qk_norm:  # QK-norm: per head, over head_dim
@@ -56,6 +62,14 @@ def attention_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int, ma
                       k_norm: T[head_dim], w_o: T[hidden, q_size], k_cache: cache,
                       v_cache: cache, positions: fc.i32["B"], seq_lens: fc.i32["B"]):
             q, k, v = heads_of(x, w_qkv, (attn_norm, q_norm, k_norm), positions)
+            return attend(x, q, k, v, w_o, k_cache, v_cache, positions, seq_lens)
+    elif qkv_bias:
+        @fc.graph
+        def attention(x: T["B", hidden], attn_norm: T[hidden],
+                      w_qkv: T[q_size + 2 * kv_size, hidden], qkv_bias: T[q_size + 2 * kv_size],
+                      w_o: T[hidden, q_size], k_cache: cache, v_cache: cache,
+                      positions: fc.i32["B"], seq_lens: fc.i32["B"]):
+            q, k, v = heads_of(x, w_qkv, (attn_norm,), positions, qkv_bias)
             return attend(x, q, k, v, w_o, k_cache, v_cache, positions, seq_lens)
     else:
         @fc.graph
@@ -96,7 +110,7 @@ def layer_module(cfg, max_seq: int, dtype: str | None = None) -> Module:
         attention_block(hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
                         head_dim=cfg.head_dim, max_seq=max_seq, eps=cfg.eps, theta=cfg.theta,
                         dtype=dtype or cfg.dtype, qk_norm=cfg.qk_norm,
-                        rope_scaling=cfg.rope_scaling),
+                        rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias),
         mlp_block(hidden=cfg.hidden, intermediate=cfg.intermediate, eps=cfg.eps,
                   dtype=dtype or cfg.dtype))
 

@@ -1,9 +1,11 @@
 """Model configuration from a Hugging Face ``config.json``: the sizes fusionc builds graphs from.
 
 Supported architectures: Llama 2 and 3 (``LlamaForCausalLM``, including Llama 3.1's
-``rope_scaling`` of type ``llama3`` and tied embeddings) and Qwen3 (``Qwen3ForCausalLM``: QK-norm,
-an explicit ``head_dim``). Field meanings follow ``transformers``' ``LlamaConfig`` and
-``Qwen3Config``.
+``rope_scaling`` of type ``llama3`` and tied embeddings), Qwen2 / Qwen2.5 (``Qwen2ForCausalLM``:
+a bias on the q, k and v projections, tied or untied LM head; the fused GPU kernels do not take
+the bias yet, so these run on the CPU path) and Qwen3 (``Qwen3ForCausalLM``: QK-norm, an
+explicit ``head_dim``). Field meanings follow ``transformers``' ``LlamaConfig``,
+``Qwen2Config`` and ``Qwen3Config``.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from pathlib import Path
 
 from fusionc.errors import InputError
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                 "Qwen3ForCausalLM": "qwen3"}
 _DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 
 
@@ -46,12 +49,18 @@ class ModelConfig:
         """Whether each q and k head is RMS-normalized before RoPE (Qwen3)."""
         return self.arch == "qwen3"
 
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether the q, k and v projections have a bias (Qwen2 / Qwen2.5; o_proj has none)."""
+        return self.arch == "qwen2"
+
     def weight_bytes(self) -> int:
         """Bytes of all weights in the storage dtype (the LM head counted once when tied)."""
         h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, \
             self.intermediate
         layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h + (2 * self.head_dim
-                                                                 if self.qk_norm else 0)
+                                                                 if self.qk_norm else 0) \
+            + (q + 2 * kv if self.qkv_bias else 0)
         head = 0 if self.tie_embeddings else self.vocab * h
         item = {"f16": 2, "bf16": 2, "f32": 4}[self.dtype]
         return item * (self.layers * layer + self.vocab * h + h + head)

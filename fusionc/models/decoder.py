@@ -42,6 +42,7 @@ class Decoder:
                  kv_len: int | None = None, dtype: str | None = None, autotune: bool = False,
                  progress=None, pdl: bool = False):
         import fusionc
+        check_gpu_support(cfg)
         self._setup(cfg, batch, max_seq, dtype)
         opts = dict(max_batch=batch, kv_len=kv_len or max(1, self.max_seq // 2),
                     autotune=autotune, progress=progress, pdl=pdl)
@@ -213,6 +214,18 @@ def token_ids(x, what: str) -> np.ndarray:
         return a.astype(np.int64).reshape(-1)
     except (TypeError, ValueError, OverflowError):
         raise InputError(f"{what} {x!r:.80}", valid="integers (token ids, positions)") from None
+
+
+def check_gpu_support(cfg: ModelConfig) -> None:
+    """Raise CompileError when the fused GPU kernels cannot run model ``cfg`` yet: Qwen2's bias
+    on the q, k and v projections (the CPU path, :class:`~fusionc.models.HostDecoder` or
+    ``fusionc generate --cpu``, runs it)."""
+    if cfg.qkv_bias:
+        raise CompileError(f"{cfg.arch} model: the q, k and v projections have a bias "
+                           "(qkv_bias), which the fused GPU attention kernel does not take yet",
+                           op="linear", valid="Llama or Qwen3 models on the GPU; Qwen2 / "
+                           "Qwen2.5 on the CPU path for now (fusionc generate --cpu, "
+                           "fusionc.models.HostDecoder)")
 
 
 def _positive(name: str, v) -> int:

@@ -5,7 +5,8 @@ the fused tensors the decoder graphs take (``fusionc.models.blocks``).
 Hugging Face names (Llama and Qwen3): ``model.embed_tokens.weight``, ``model.norm.weight``,
 ``lm_head.weight`` (absent when tied), and per layer ``model.layers.{i}.`` +
 ``input_layernorm``, ``self_attn.{q,k,v,o}_proj``, ``self_attn.{q,k}_norm`` (Qwen3),
-``post_attention_layernorm``, ``mlp.{gate,up,down}_proj`` (each ``.weight``).
+``post_attention_layernorm``, ``mlp.{gate,up,down}_proj`` (each ``.weight``), and for Qwen2
+``self_attn.{q,k,v}_proj.bias``.
 
 Arrays are returned in the device bit layout of the storage dtype
 (``fusionc.runtime.transfer``: f16 as float16, bf16 as uint16 bit patterns, f32 as float32).
@@ -106,7 +107,8 @@ def to_device_bits(arr: np.ndarray, dtype: str) -> np.ndarray:
 def layer_weights(src, cfg: ModelConfig, i: int, dtype: str | None = None) -> dict:
     """Layer ``i``'s inputs of the attention and MLP graphs: {param name: array}.
 
-    ``w_qkv`` stacks q, k, v rows; ``w_gate_up`` stacks gate and up rows.
+    ``w_qkv`` stacks q, k, v rows (``qkv_bias`` their biases, Qwen2); ``w_gate_up`` stacks
+    gate and up rows.
     """
     dt = dtype or cfg.dtype
     h, d, inter = cfg.hidden, cfg.head_dim, cfg.intermediate
@@ -128,6 +130,9 @@ def layer_weights(src, cfg: ModelConfig, i: int, dtype: str | None = None) -> di
     }
     if cfg.qk_norm:
         out["q_norm"], out["k_norm"] = get("self_attn.q_norm", d), get("self_attn.k_norm", d)
+    if cfg.qkv_bias:
+        out["qkv_bias"] = np.concatenate([src.get(f"{p}self_attn.{n}_proj.bias", (rows,), dt)
+                                          for n, rows in (("q", q), ("k", kv), ("v", kv))])
     return out
 
 
@@ -152,12 +157,15 @@ def random_layer(cfg: ModelConfig, i: int, dtype: str, xp=np, seed: int = 0) -> 
               "w_down": (cfg.hidden, cfg.intermediate)}
     if cfg.qk_norm:
         shapes["q_norm"] = shapes["k_norm"] = (cfg.head_dim,)
+    bias = {"qkv_bias": (shapes["w_qkv"][0],)} if cfg.qkv_bias else {}
 
-    def one(j, s):
+    def one(j, s, name=""):
+        if name == "qkv_bias":   # biases N(0, 0.02²)
+            return float32_to_bits(_normal(xp, (seed, i, j), s) * 0.02, dtype, xp)
         vec = len(s) == 1   # norm weights near 1, projections near 0
         return float32_to_bits(_normal(xp, (seed, i, j), s) * (0.1 if vec else 0.02)
                                + (1.0 if vec else 0.0), dtype, xp)
-    return {k: one(j, s) for j, (k, s) in enumerate(shapes.items())}
+    return {k: one(j, s, k) for j, (k, s) in enumerate((shapes | bias).items())}
 
 
 def random_head(cfg: ModelConfig, dtype: str, xp=np, seed: int = 0) -> dict:

@@ -2,7 +2,10 @@
 
 Key: SHA-256 of (source, arch, NVRTC options, NVRTC version, fusionc version) — computable
 without a GPU, so cubins built on a CPU machine can be carried to a GPU machine.
-Folder: ``$FUSIONC_CACHE_DIR`` if set (``off`` disables caching), else ``~/.cache/fusionc``.
+Folder: ``$FUSIONC_CACHE_DIR`` if set (``off`` disables caching), else the user cache folder
+(``platformdirs``: ``$XDG_CACHE_HOME/fusionc``, by default ``~/.cache/fusionc`` on Linux).
+Least recently used entries are evicted beyond ``$FUSIONC_CACHE_MAX_MB``
+(:mod:`fusionc.runtime.cache_evict`; ``fusionc cache info`` / ``fusionc cache clear``).
 An entry is ``<key>.cubin`` plus ``<key>.json`` (ptxas log, and the SHA-256 of cubin and log).
 Files are written to ``*.tmp`` names and renamed into place, so several processes filling an
 empty cache at once never read a partial file; an entry that fails its checksum, does not parse
@@ -16,6 +19,7 @@ import os
 import pathlib
 import tempfile
 
+from fusionc.runtime import cache_evict
 from fusionc.runtime.nvrtc import CompileResult, compile_cubin, nvrtc_version, parse_ptxas_log
 
 
@@ -24,7 +28,10 @@ def cache_dir() -> pathlib.Path | None:
     env = os.environ.get("FUSIONC_CACHE_DIR")
     if env is not None and env.strip().lower() in ("", "0", "off", "none"):
         return None
-    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "fusionc"
+    if env:
+        return pathlib.Path(env)
+    import platformdirs
+    return pathlib.Path(platformdirs.user_cache_dir("fusionc", appauthor=False))
 
 
 def cache_key(source: str, arch: str = "sm_90a", options: tuple[str, ...] = ()) -> str:
@@ -78,6 +85,7 @@ def compile_cached(source: str, arch: str = "sm_90a", options: tuple[str, ...] =
     if d is not None:
         hit = _load(d, key, options)
         if hit is not None:
+            cache_evict.touch(d, key)
             return hit, True
     result = compile_cubin(source, name=name, arch=arch, options=options)
     if d is not None:
@@ -87,6 +95,7 @@ def compile_cached(source: str, arch: str = "sm_90a", options: tuple[str, ...] =
             meta = {"log": result.log, "sha256": _digest(result.cubin, result.log),
                     "options": list(result.options), "arch": arch}
             _write(d / f"{key}.json", json.dumps(meta).encode())
+            cache_evict.evict(d, keep=key)
         except OSError:
             pass
     return result, False

@@ -1,6 +1,6 @@
 """``fusionc.compile``: a graph in, a GPU callable out.
 
-Contract (DESIGN §5): sizes, dtypes, cluster size and tiles are fixed at compile time; KV lengths,
+Contract (docs/ARCHITECTURE.md): sizes, dtypes, cluster size and tiles are fixed at compile time; KV lengths,
 positions, ``seq_lens`` and cache pointers are run-time arguments; the batch is bucketed — a
 callable compiled for ``max_batch = 8`` serves every batch of 1..8 with the same kernels, so one
 decode-step CUDA graph can be replayed without recompiling. Kernels launch on the caller's current
@@ -251,6 +251,10 @@ class CompiledGraph:
     def _repr_pretty_(self, p, cycle) -> None:
         from fusionc.display import graph_text
         p.text("..." if cycle else graph_text(self.host) + "\n" + self.report())
+
+    def __repr__(self) -> str:
+        from fusionc.display import compiled_repr
+        return compiled_repr(self)
 
     def __call__(self, *args, outputs: dict | None = None, **kwargs):
         """Run the graph on ``args`` / ``kwargs`` (its inputs), launching on the caller's

@@ -58,3 +58,10 @@ class JitGraph:
     def _repr_pretty_(self, p, cycle) -> None:
         p.text(f"jit(@{self.graph.graphs[0].name}, {self.options}, "
                f"{'compiled' if self._compiled else 'not compiled yet'})")
+
+    def __repr__(self) -> str:
+        from fusionc.display import signature
+        opts = "".join(f", {k}={v!r}" for k, v in self.options.items())
+        state = (f"kernels {', '.join(self._compiled.kernels) or 'none'}" if self._compiled
+                 else "not compiled yet")
+        return f"<JitGraph {signature(self.graph.graphs[0])}{opts}: {state}>"

@@ -41,8 +41,8 @@ def simulate_kernel(kernel: Graph, args: dict[str, np.ndarray],
     """
     env = bind_shapes(kernel.params, {k: np.shape(v) for k, v in args.items()}, kernel.name,
                       env)
-    memory = GlobalMemory({p.name: np.array(round_to(np.asarray(args[p.name]), p.type.dtype))
-                           for p in kernel.params})
+    memory = GlobalMemory({p.name: round_to(np.asarray(args[p.name]), p.type.dtype)
+                           for p in kernel.params})   # round_to returns a new array
     from fusionc.sim.grid import run_streamed, units_op
     if units_op(kernel) is not None:
         run_streamed(kernel, memory, env, grid, seed, lazy_copies)

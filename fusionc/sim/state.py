@@ -72,14 +72,18 @@ class GlobalMemory:
 
     def __init__(self, arrays: dict[str, np.ndarray]):
         self.arrays = arrays
-        self.writer = {k: np.full(a.shape, -1, np.int64) for k, a in arrays.items()}
+        # per-element writer CTA id (-1: none), allocated at an array's first store: most
+        # parameters (weights) are only read, and a writer map of their size costs seconds
+        self.writer: dict[str, np.ndarray] = {}
         self.reductions: dict[str, list] = {}
 
     def read(self, name: str, index: tuple, cta: CTA, op: Op, flat: bool = False) -> np.ndarray:
         """Elements ``index`` of parameter ``name`` as seen by ``cta``; SimulationError if another
         CTA of this launch wrote them. ``flat``: index the array as ``[-1, last dim]``.
         """
-        arrays, writer = self.arrays[name], self.writer[name]
+        arrays, writer = self.arrays[name], self.writer.get(name)
+        if writer is None:   # never stored to in this launch
+            return (arrays.reshape(-1, arrays.shape[-1]) if flat else arrays)[index]
         if flat:
             arrays, writer = (a.reshape(-1, a.shape[-1]) for a in (arrays, writer))
         w = writer[index]
@@ -96,6 +100,8 @@ class GlobalMemory:
         """Store ``value`` (rounded to ``dtype``) at ``index`` of ``name``; SimulationError if
         another CTA wrote the same elements.
         """
+        if name not in self.writer:
+            self.writer[name] = np.full(self.arrays[name].shape, -1, np.int32)
         w = self.writer[name][index]
         if np.any((w >= 0) & (w != cta.gid)):
             other = int(w[(w >= 0) & (w != cta.gid)].flat[0])

@@ -90,6 +90,7 @@ def test_masked_gemv_paths(k):
     assert ("// scalar weight loads" in src) == (k % 8 != 0)
 
 
+@pytest.mark.slow   # NVRTC of whole attention blocks
 @pytest.mark.parametrize("kw", [dict(), dict(head_dim=64, group=4, dtype="bf16", cluster=2),
                                 dict(head_dim=72, dtype="f32", group=8, cluster=16),
                                 dict(head_dim=256, group=1, cluster=8)])
@@ -98,6 +99,7 @@ def test_attention_kernel_compiles_without_spills(kw):
     assert "cp.async.cg.shared.global" in ck.source.source
 
 
+@pytest.mark.slow   # NVRTC of whole attention blocks
 @pytest.mark.parametrize("kw,opts,stream", [
     (dict(), {}, True), (dict(head_dim=72, dtype="f32"), {}, False),
     (dict(head_dim=256, dtype="f32"), {}, False), (dict(group=16), {}, False),
@@ -209,6 +211,7 @@ def test_pdl_prologue_compiles_and_is_off_by_default():
     assert pre < wait < src.index("fc_smem +") < launch and ck.source.pdl
 
 
+@pytest.mark.slow   # NVRTC of whole attention blocks
 @pytest.mark.parametrize("batch", [1, 4])
 def test_batched_tile_loads_compile(batch):
     """CodegenOptions(load_batch=4) issues four 16-byte loads before storing them (default: one

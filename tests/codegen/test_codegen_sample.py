@@ -12,6 +12,8 @@ from fusionc.ir import parse_module
 from tests.codegen.examples import example_kernels, fitting_kernel, fused_module
 from tests.sim.programs import collective_kernel, splitk_gemv
 
+pytestmark = pytest.mark.slow   # NVRTC of every example's kernels and of random programs
+
 SLOW = settings(max_examples=6, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow])
 

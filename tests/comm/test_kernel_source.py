@@ -14,6 +14,7 @@ VARIANTS = [(w, d, dt, res, norm, two) for w in (1, 2, 4) for d, dt in ((4096, "
             if not (w == 1 and two)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", VARIANTS[::3] + [(2, 4096, "f16", True, True, False),
                                                   (2, 4096, "f16", True, True, True)])
 def test_variants_compile_without_spills(args):

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # a kernel, NVRTC and a CPU decode: seconds
+
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "walkthrough.ipynb"
 
 

@@ -79,7 +79,7 @@ TAILS = [1, 15, 16, 17, 255, 256, 257, 1000]
 
 
 def failure_cases():
-    """(id, module, graph, batch, cluster, kv) of the ANCHORS failure-class tests."""
+    """(id, module, graph, batch, cluster, kv) of the failure-class tests."""
     out = [("kv_tails", attention_only(**FAILURE, max_seq=1000), "attention", 8, 4, 1000),
            ("empty_rows", attention_only(**FAILURE, max_seq=512), "attention", 4, 4, 512),
            ("more_splits", attention_only(**FAILURE, max_seq=8), "attention", 1, 8, 8),

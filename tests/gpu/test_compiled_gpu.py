@@ -1,5 +1,5 @@
 """End to end on the GPU: fusionc.compile of the example graphs over a sampled grid, against the
-simulator (tight) and the float64 interpreter (fp16/bf16: <= 1e-2); the ANCHORS failure classes;
+simulator (tight) and the float64 interpreter (fp16/bf16: <= 1e-2); the known failure classes;
 agreement with Hugging Face transformers."""
 from __future__ import annotations
 

@@ -51,6 +51,7 @@ def _module(attrs) -> Module:
     return Module((Graph("g", (), (Op("test_attrs", (), (), attrs),), ()),))
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(attr_values)
 def test_every_attribute_kind_round_trips(given_attrs):

@@ -1,5 +1,5 @@
 """Fuzzing the parser: any text gives a module or a fusionc error, never another exception and
-never a hang (DESIGN §3: no Python traceback from inside the compiler for user mistakes)."""
+never a hang (docs/ARCHITECTURE.md, IR rules: no Python traceback from inside the compiler for user mistakes)."""
 from __future__ import annotations
 
 import re
@@ -158,6 +158,7 @@ def mutated_ir(draw) -> str:
     return text
 
 
+@pytest.mark.slow
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_ir())
 def test_mutated_ir(text):

@@ -1,4 +1,4 @@
-"""print_module / parse_module round trip on random well-typed modules (DESIGN §3)."""
+"""print_module / parse_module round trip on random well-typed modules (docs/ARCHITECTURE.md, IR rules)."""
 from __future__ import annotations
 
 import math
@@ -24,6 +24,7 @@ def assert_round_trip(m: Module) -> str:
     return text
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(modules())
 def test_random_modules_verify_and_round_trip(m):

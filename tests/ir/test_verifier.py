@@ -1,5 +1,5 @@
 """The verifier (and the parser's checks) reject bad IR, each mistake with its own message that
-names the op, the IR line:column and what would be valid (issue 2, DESIGN §3)."""
+names the op, the IR line:column and what would be valid (issue 2, docs/ARCHITECTURE.md "IR rules")."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 papers' equations independently of fusionc's graphs: RMSNorm (Zhang & Sennrich 2019, eq. 4),
 RoPE with NeoX pairing (Su et al. 2021, eq. 34) and Llama 3.1 frequency scaling (Meta's
 ``apply_scaling``), causal softmax attention with GQA (Ainslie et al. 2023), SwiGLU MLP.
-Takes the Hugging Face tensor names."""
+Qwen2's q, k, v biases are added where the tensors have them. Takes the Hugging Face tensor
+names (random ones: ``fusionc.models.random.random_tensors``)."""
 import math
 
 import numpy as np
@@ -47,9 +48,10 @@ def forward(t: dict, cfg, tokens) -> np.ndarray:
     for i in range(cfg.layers):
         p = f"model.layers.{i}."
         h = rms(x, w[p + "input_layernorm.weight"], cfg.eps)
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, cfg.heads, d)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, cfg.kv_heads, d)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, cfg.kv_heads, d)
+        q, k, v = (h @ w[f"{p}self_attn.{n}_proj.weight"].T
+                   + w.get(f"{p}self_attn.{n}_proj.bias", 0.0) for n in "qkv")
+        q, k, v = q.reshape(T, cfg.heads, d), k.reshape(T, cfg.kv_heads, d), \
+            v.reshape(T, cfg.kv_heads, d)
         if cfg.qk_norm:
             q = rms(q, w[p + "self_attn.q_norm.weight"], cfg.eps)
             k = rms(k, w[p + "self_attn.k_norm.weight"], cfg.eps)
@@ -67,24 +69,3 @@ def forward(t: dict, cfg, tokens) -> np.ndarray:
     x = rms(x, w["model.norm.weight"], cfg.eps)
     head = w["model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"]
     return x @ head.T
-
-
-def random_tensors(cfg, rng, np_dtype=np.float16) -> dict:
-    """Hugging Face-named random weights of ``cfg`` (norm weights near 1)."""
-    h, d, i = cfg.hidden, cfg.head_dim, cfg.intermediate
-    shapes = {"model.embed_tokens.weight": (cfg.vocab, h), "model.norm.weight": (h,)}
-    if not cfg.tie_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab, h)
-    for n in range(cfg.layers):
-        p = f"model.layers.{n}."
-        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                   p + "self_attn.q_proj.weight": (cfg.heads * d, h),
-                   p + "self_attn.k_proj.weight": (cfg.kv_heads * d, h),
-                   p + "self_attn.v_proj.weight": (cfg.kv_heads * d, h),
-                   p + "self_attn.o_proj.weight": (h, cfg.heads * d),
-                   p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                   p + "mlp.down_proj.weight": (h, i)}
-        if cfg.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
-    return {k: ((1 + 0.1 * rng.standard_normal(s)) if len(s) == 1 else
-                0.1 * rng.standard_normal(s)).astype(np_dtype) for k, s in shapes.items()}

@@ -4,7 +4,6 @@ forward pass written from the equations (tests/models/reference.py); clear error
 model folders."""
 import json
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,6 +14,7 @@ from fusionc.errors import InputError, NumericsError
 from fusionc.interp.numerics import relative_error
 from fusionc.models import (HostDecoder, Sampling, config_from_dict, generate, load_config,
                             sample)
+from fusionc.models.random import write_model
 from tests.models import reference
 
 LLAMA31 = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
@@ -27,25 +27,6 @@ QWEN3 = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size
              num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=80,
              num_hidden_layers=2, vocab_size=101, rms_norm_eps=1e-6, rope_theta=1000000.0,
              tie_word_embeddings=False, max_position_embeddings=32, torch_dtype="bfloat16")
-
-
-def write_model(path, raw: dict, rng, shards: int = 1) -> dict:
-    """config.json + safetensors (``shards`` files with an index when > 1); returns tensors."""
-    cfg = config_from_dict(raw)
-    np_dtype = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[cfg.dtype]
-    tensors = reference.random_tensors(cfg, rng, np_dtype)
-    (path / "config.json").write_text(json.dumps(raw))
-    if shards == 1:
-        save_file(tensors, path / "model.safetensors")
-        return tensors
-    names, wmap = sorted(tensors), {}
-    for s in range(shards):
-        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        part = names[s::shards]
-        save_file({k: tensors[k] for k in part}, path / fname)
-        wmap |= {k: fname for k in part}
-    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wmap}))
-    return tensors
 
 
 F32 = {"torch_dtype": "float32"}

@@ -124,7 +124,7 @@ def test_mlp_block_lowering_matches_interpreter(size, hidden_mult, inter, batch,
 
 
 def test_empty_rows_give_zero_attention():
-    """seq_len 0 rows and more splits than tokens: zeros, no NaN (ANCHORS failure classes)."""
+    """seq_len 0 rows and more splits than tokens: zeros, no NaN (known failure classes)."""
     m = example(
         "llama3_8b",
         hidden=64,

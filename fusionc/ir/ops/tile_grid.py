@@ -5,7 +5,7 @@
     starts from ``init`` (e.g. the residual; every contributing CTA passes the same values) or 0,
     adds the contributions in fp32 in CTA order (cluster-major), is rounded once and overwrites
     the output — deterministic: codegen has every CTA write its partial to a workspace slot and
-    the last CTA to arrive at a window add the slots in this order (DESIGN §5), or, where the
+    the last CTA to arrive at a window add the slots in this order (docs/ARCHITECTURE.md), or, where the
     whole grid is resident at the kernel's CTAs per SM, all contributors meet at a grid barrier
     and each adds a share of the elements in the same order
     (``CodegenOptions.grid_reduce_parallel``). Used for the
@@ -99,7 +99,7 @@ def _verify_grid_barrier(op, graph, module):
         fail(op, f"a grid_barrier after {what}",
              "no exit before a grid barrier (the exited CTA never arrives) and no grid_reduce "
              "(its sums are complete only at the kernel's end)")
-    from fusionc.cost.h200 import H200   # clusters resident at once, measured (ANCHORS.md)
+    from fusionc.cost.h200 import H200   # clusters resident at once, measured on the project's H200
     grid, size = graph.attr("grid"), graph.attr("cluster")
     if not H200.resident(grid, size):
         fail(op, f"a grid of {grid} clusters of {size} CTAs with a grid barrier",
