@@ -193,7 +193,10 @@ class StreamCTA:
         arr = mem.arrays[name].reshape(-1, mem.arrays[name].shape[-1])
         rs = slice(max(r0, 0), max(min(r0 + nr, arr.shape[0]), max(r0, 0)))
         cs = slice(max(c0, 0), max(min(c0 + nc, arr.shape[1]), max(c0, 0)))
-        wr = mem.writer[name].reshape(arr.shape)[rs, cs]
+        writer = mem.writer.get(name)   # allocated at the first store only
+        if writer is None:
+            return np.asarray(arr[rs, cs], np.float32)
+        wr = writer.reshape(arr.shape)[rs, cs]
         others = set(np.unique(wr[wr >= 0]).tolist()) - {self.cta.gid}
         if others - self.visible:
             raise SimulationError(f"CTA {self.cta.gid} reads %{name} written by CTA "
