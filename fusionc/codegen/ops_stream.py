@@ -171,8 +171,9 @@ def _flush(op, ctx):
   const int gc1 = fc_unit_cta(min({cnt}, (fc_g + 1) * {grp}) - 1, {cnt}, gridDim.x);
   const int slot = 2 * blockIdx.x + (fc_g == fc_u0 / {grp} ? 0 : 1);
   const int slot0 = 2 * gc0 + (fc_g == fc_unit_start(gc0, {cnt}, gridDim.x) / {grp} ? 0 : 1);
+  volatile int* flag = reinterpret_cast<volatile int*>(fc_smem + {p.scratch_off});
 """
-    tail = (f"fc_ws, slot, fc_counters + fc_g, gc0, gc1, slot0);\n}}")
+    tail = (f"fc_ws, slot, fc_counters + fc_g, gc0, gc1, slot0, fc_u == fc_u1 - 1, flag);\n}}")
     args = f"{ctx.ptr(y)}, {bias}, {n}, {m}, fc_g * {p.rows}, gc0 == gc1, "
     if p.path == "mma":
         return head + (f"  fc_flush_mma<{256}, {p.nb}, {p.rows}, {p.max_batch}, {ct}>(fc_acc, "

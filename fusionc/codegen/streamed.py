@@ -8,7 +8,7 @@ Execution model of the generated kernel (``templates/streamed.cu.j2``):
   (threads 256..287) that runs ``ring_claim`` / ``ring_issue`` for every unit ahead of the
   consumers, throttled only by the ring's empty barriers; the consumers synchronize among
   themselves with named barrier 1 (the producer never joins a CTA-wide barrier after setup);
-- shared memory: the ring's stages, its 2·S mbarriers, then the flush scratch (the
+- shared memory: the ring's stages, its 2·S mbarriers, then the flush scratch (a flag and the
   tensor-core path's K-half exchange); accumulators live in registers;
 - extra arguments: the split-K workspace (2 slots per CTA of ``max_batch × rows`` floats) and
   the counters (one per group for the flushes, then the named counter sets, then an error word).
