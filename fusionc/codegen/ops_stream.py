@@ -70,23 +70,41 @@ def _issue(op, ctx):
         raise CompileError(f"weight {w.type} with symbolic dims", op=op.name, loc=op.loc,
                            valid="static [N, K]")
     if "fc_pol_w" not in ctx.producer_setup:
-        ctx.producer_setup += ("const unsigned long long fc_pol_w = fc_policy_evict_first();\n"
-                               "const unsigned long long fc_pol_x = fc_policy_evict_last();\n"
-                               f"if (fc_lane == 0) {{ fc_prefetch_tensormap(&{tmap(w)}); "
-                               f"fc_prefetch_tensormap(&{tmap(x)}); }}\n")
-    copies = []
-    for part, v, pol, row in (("w", w, "fc_pol_w", f"fc_g * {geo.rows}"), ("x", x, "fc_pol_x", "0")):
-        for half in (0, 1):
-            copies.append(f"  fc_tma_2d(stage + {geo.box_offset(part, half)}, &{tmap(v)}, "
-                          f"c0 + {half * geo.box_cols}, {row}, &fc_full[st], {pol});")
-    body = "\n".join(copies)
+        ctx.producer_setup += _weight_prologue(ctx, geo, w, x)
+    xs = "\n".join(f"  fc_tma_2d(stage + {geo.box_offset('x', h)}, &{tmap(x)}, "
+                   f"fc_s * {geo.cols} + {h * geo.box_cols}, 0, &fc_full[st], fc_pol_x);"
+                   for h in (0, 1))
     return f"""const int st = fc_j % {geo.stages};
 unsigned char* stage = fc_ring + st * {geo.stage_bytes};
-if (fc_lane == 0) {{  // four 2D boxes (weight and activation rows, two 128-byte halves each)
-  const int c0 = fc_s * {geo.cols};
-  fc_mbar_expect_tx(&fc_full[st], {geo.copy_bytes}u);
-{body}
+if (fc_lane == 0) {{  // weight boxes (issued ahead for the first stages), then activation boxes
+  if (fc_j >= {geo.stages}) fc_issue_w(fc_j, fc_u);
+{xs}
 }}"""
+
+
+def _weight_prologue(ctx, geo, w, x) -> str:
+    """The producer's setup: L2 policies, tensor-map prefetch, ``fc_issue_w`` (arm a stage and
+    copy its two weight boxes), the first stages' weight boxes, then ``griddepcontrol.wait``:
+    weights are never written by a kernel, so they stream while the previous kernel (PDL)
+    drains; the activation boxes wait for it."""
+    ws = "\n".join(f"  fc_tma_2d(stage + {geo.box_offset('w', h)}, &{tmap(w)}, "
+                   f"s * {geo.cols} + {h * geo.box_cols}, g * {geo.rows}, &fc_full[st], "
+                   "fc_pol_w);" for h in (0, 1))
+    return f"""const unsigned long long fc_pol_w = fc_policy_evict_first();
+const unsigned long long fc_pol_x = fc_policy_evict_last();
+auto fc_issue_w = [&](int j, int u) {{  // arm stage j % S, copy unit u's weight boxes
+  const int st = j % {geo.stages}, g = u / {ctx.plan.group}, s = u % {ctx.plan.group};
+  unsigned char* stage = fc_ring + st * {geo.stage_bytes};
+  fc_mbar_expect_tx(&fc_full[st], {geo.copy_bytes}u);
+{ws}
+}};
+if (fc_lane == 0) {{
+  fc_prefetch_tensormap(&{tmap(w)});
+  fc_prefetch_tensormap(&{tmap(x)});
+  for (int j = 0; j < {geo.stages} && fc_u0 + j < fc_u1; ++j) fc_issue_w(j, fc_u0 + j);
+}}
+fc_grid_dependency_wait();  // PDL: the activations may come from the previous kernel
+"""
 
 
 def tmap(v) -> str:
@@ -137,6 +155,8 @@ def _gemv(op, ctx):
     m = cnames.dim(acc.type.shape[0])
     _acc_decl(ctx, acc)
     if p.path == "plain":
+        if "fc_grid_dependency_wait" not in ctx.consumer_setup:
+            ctx.consumer_setup += "fc_grid_dependency_wait();  // PDL: x from the previous kernel\n"
         return (f"fc_acc_fma_global<{p.rows // 16}, {p.max_batch}, {v}, {ct}>(fc_acc, "
                 f"{ctx.ptr(x)}, {ctx.ptr(w)}, {m}, {n}, {k}, fc_g * {p.rows}, "
                 f"fc_s * {p.cols});")

@@ -10,6 +10,10 @@ Execution model of the generated kernel (``templates/streamed.cu.j2``):
   themselves with named barrier 1 (the producer never joins a CTA-wide barrier after setup);
 - shared memory: the ring's stages, its 2·S mbarriers, then the flush scratch (a flag and the
   tensor-core path's K-half exchange); accumulators live in registers;
+- programmatic dependent launch: launched with programmatic stream serialization, the kernel
+  lets its successor launch at once (its CTAs start on the SMs this one's CTAs leave) and
+  streams its first stages' weights before ``griddepcontrol.wait``; activations, outputs,
+  workspace and counters are touched only after it;
 - extra arguments: the split-K workspace (2 slots per CTA of ``max_batch × rows`` floats) and
   the counters (one per group for the flushes, then the named counter sets, then an error word).
 """
@@ -180,7 +184,7 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
     return KernelSource(name=name, source=source, kernel=kernel, grid=kernel.attr("grid"),
                         cluster=1, threads=p.threads, smem_bytes=p.smem, params=tuple(params),
                         workspace_floats=workspace_floats(p), counters=p.words,
-                        persistent_units=p.count)
+                        persistent_units=p.count, pdl=True)
 
 
 def _block(op: Op, code: str) -> str:
