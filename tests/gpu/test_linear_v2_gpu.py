@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import fusionc as fc
+from tests.passes.graphs import linear_graph
 from fusionc.interp.numerics import round_to
 from fusionc.ir import DType
 from fusionc.runtime.transfer import nan_bits
@@ -23,23 +24,9 @@ CASES = [(4096, 4096, "f16", 1, 1, False), (4096, 4096, "bf16", 3, 4, True),
          (2048, 4096, "bf16", 1, 1, True)]
 
 
-def linear_module(n, k, dtype, bias):
-    T = fc.dtype(dtype)
-    if bias:
-        @fc.graph
-        def lin(x: T["B", k], w: T[n, k], b: T[n]):
-            return fc.linear(x, w, b, name="y")
-        return lin
-
-    @fc.graph
-    def lin(x: T["B", k], w: T[n, k]):  # noqa: F811
-        return fc.linear(x, w, name="y")
-    return lin
-
-
 def compiled(case, pipeline=None):
     n, k, dt, _, mb, bias = case
-    return fc.compile(linear_module(n, k, dt, bias), max_batch=mb, lowering="v2",
+    return fc.compile(linear_graph(n, k, dt, bias), max_batch=mb, lowering="v2",
                       pipeline=pipeline)
 
 

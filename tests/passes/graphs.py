@@ -43,3 +43,13 @@ def inputs(graph, batch: int, lens: list[int], rng: np.random.Generator) -> dict
 def rel_err(out, ref) -> float:
     """‖out − ref‖ / ‖ref‖ where ref is defined (cache tails hold NaN); NaN fails."""
     return defined_relative_error(out, ref)
+
+
+def linear_graph(n, k, dtype="f16", bias=False):
+    """Graph ``@lin``: y = x·Wᵀ (+ bias) for x ``[B, k]``, W ``[n, k]`` (design v2's linear)."""
+    import fusionc as fc
+    T = fc.dtype(dtype)
+    if bias:
+        return fc.graph(lambda x, w, b: fc.linear(x, w, b, name="y"), name="lin",
+                        x=T["B", k], w=T[n, k], b=T[n])
+    return fc.graph(lambda x, w: fc.linear(x, w, name="y"), name="lin", x=T["B", k], w=T[n, k])

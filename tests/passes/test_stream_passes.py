@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import fusionc as fc
+from tests.passes.graphs import linear_graph
 from fusionc.errors import LoweringError
 from fusionc.interp import interpret
 from fusionc.ir import Module
@@ -14,27 +15,13 @@ from fusionc.passes.stream import v2_pipeline
 from fusionc.sim import simulate
 
 
-def linear(n, k, dtype="f16", bias=False):
-    T = fc.dtype(dtype)
-    if bias:
-        @fc.graph
-        def lin(x: T["B", k], w: T[n, k], b: T[n]):
-            return fc.linear(x, w, b, name="y")
-        return lin
-
-    @fc.graph
-    def lin(x: T["B", k], w: T[n, k]):  # noqa: F811
-        return fc.linear(x, w, name="y")
-    return lin
-
-
 def names(m: Module, kernel: str = "lin_k0") -> list[str]:
     units = next(op for op in m[kernel].body if op.name == "units")
     return [op.name for op in m[kernel].body] + ["|"] + [op.name for op in units.regions[0]]
 
 
 def test_partition_units_cuts_the_weight_into_tiles():
-    m = run_pipeline(linear(200, 300), "partition-units{max_batch=4}")
+    m = run_pipeline(linear_graph(200, 300), "partition-units{max_batch=4}")
     assert names(m) == ["acc_alloc", "units", "|", "acc_gemv", "group_flush"]
     units = m["lin_k0"].body[1]
     assert (units.attr("count"), units.attr("group")) == (4 * 3, 3)   # ⌈200/64⌉ x ⌈300/128⌉
@@ -42,29 +29,29 @@ def test_partition_units_cuts_the_weight_into_tiles():
 
 
 def test_stream_plan_puts_tiles_on_a_ring_without_waits():
-    m = run_pipeline(linear(200, 256), "partition-units{max_batch=4},stream-plan")
+    m = run_pipeline(linear_graph(200, 256), "partition-units{max_batch=4},stream-plan")
     assert names(m) == ["acc_alloc", "ring_alloc", "units", "|", "ring_issue", "ring_stage",
                         "acc_gemv", "ring_release", "group_flush"]
     assert m["lin_k0"].attr("threads") == 288   # the producer warp
 
 
 def test_stream_plan_keeps_rows_tma_cannot_copy_on_plain_loads():
-    m = run_pipeline(linear(64, 1003), "partition-units{max_batch=2},stream-plan")
+    m = run_pipeline(linear_graph(64, 1003), "partition-units{max_batch=2},stream-plan")
     assert "ring_alloc" not in names(m)
 
 
 def test_insert_barriers_adds_the_ring_waits():
-    m = run_pipeline(linear(200, 256), "partition-units{max_batch=4},stream-plan,insert-barriers")
+    m = run_pipeline(linear_graph(200, 256), "partition-units{max_batch=4},stream-plan,insert-barriers")
     assert names(m)[3:] == ["|", "ring_claim", "ring_issue", "ring_stage", "ring_wait",
                             "acc_gemv", "ring_release", "group_flush"]
 
 
 @pytest.mark.parametrize("mb, stages", [(1, 4), (16, 4)])
 def test_smem_plan_sizes_the_ring(mb, stages):
-    m = run_pipeline(linear(4096, 4096), v2_pipeline(mb))
+    m = run_pipeline(linear_graph(4096, 4096), v2_pipeline(mb))
     ring = next(op for op in m["lin_k0"].body if op.name == "ring_alloc")
     assert ring.result.type.shape[0] == stages
-    m = run_pipeline(linear(4096, 4096), v2_pipeline(mb).replace("smem-plan",
+    m = run_pipeline(linear_graph(4096, 4096), v2_pipeline(mb).replace("smem-plan",
                                                                  "smem-plan{max_stages=16}"))
     from fusionc.codegen.streamed import plan
     assert plan(m["lin_k0"]).smem <= 227 * 1024
@@ -83,7 +70,7 @@ def test_other_ops_are_refused_by_name():
        dtype=st.sampled_from(["f16", "bf16", "f32"]), batch=st.integers(1, 5),
        bias=st.booleans(), seed=st.integers(0, 2**16))
 def test_simulator_matches_interpreter(n, k, dtype, batch, bias, seed):
-    g = linear(n, k, dtype, bias)
+    g = linear_graph(n, k, dtype, bias)
     low = run_pipeline(g, v2_pipeline(batch))
     rng = np.random.default_rng(seed)
     args = {"x": rng.standard_normal((batch, k)), "w": rng.standard_normal((n, k)) / np.sqrt(k)}
@@ -99,6 +86,6 @@ def test_simulator_matches_interpreter(n, k, dtype, batch, bias, seed):
                                              (200, 520, "f32", 4), (300, 1003, "f16", 8)])
 def test_every_path_compiles(n, k, dtype, mb):
     from fusionc.codegen.compile import compile_kernel
-    m = run_pipeline(linear(n, k, dtype), v2_pipeline(mb))
+    m = run_pipeline(linear_graph(n, k, dtype), v2_pipeline(mb))
     ck = compile_kernel(m["lin_k0"])
     assert ck.spills == 0 and ck.cubin
