@@ -11,6 +11,7 @@ from fusionc.codegen import cnames
 from fusionc.errors import CompileError
 from fusionc.ir.kernel import ring_geometry
 from fusionc.ir.nodes import Op
+from fusionc.stream.ring import empty_parity_c, full_parity_c
 
 
 @dataclass
@@ -59,7 +60,7 @@ def _claim(op, ctx):
     s = _geo(ctx).stages
     po = op.attr("parity_offset")
     return (f"if (fc_j >= {s}) fc_mbar_wait(&fc_empty[fc_j % {s}], "
-            f"(fc_j / {s} - 1 + {po}) & 1);  // empty_parity(j)")
+            f"{empty_parity_c('fc_j', s, po)});  // empty_parity(j)")
 
 
 @emits("ring_issue")
@@ -116,7 +117,7 @@ def tmap(v) -> str:
 def _wait(op, ctx):
     s = _geo(ctx).stages
     po = op.attr("parity_offset")
-    return f"fc_mbar_wait(&fc_full[fc_j % {s}], (fc_j / {s} + {po}) & 1);  // full_parity(j)"
+    return f"fc_mbar_wait(&fc_full[fc_j % {s}], {full_parity_c('fc_j', s, po)});  // full_parity(j)"
 
 
 @emits("ring_stage")

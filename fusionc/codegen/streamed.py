@@ -84,8 +84,9 @@ def is_streamed(kernel: Graph) -> bool:
     return any(op.name == "units" for op in kernel.body)
 
 
-def plan(kernel: Graph) -> StreamPlan:
-    """The plan of a streamed kernel; CompileError for what the generator cannot emit yet."""
+def plan(kernel: Graph, check: bool = True) -> StreamPlan:
+    """The plan of a streamed kernel; CompileError for what the generator cannot emit yet
+    (``check``: and for a ring program without the protocol's waits)."""
     for op in kernel.body:
         if op.name not in TOP_LEVEL:
             raise CompileError("op outside the units region of a streamed kernel",
@@ -110,6 +111,8 @@ def plan(kernel: Graph) -> StreamPlan:
     if mb > 16:
         raise CompileError(f"max_batch {mb} in a streamed linear", op=g.name, loc=g.loc,
                            valid="max_batch <= 16 (batch rows in registers)")
+    if ring is not None and check:
+        _check_protocol(units, ring)
     p = StreamPlan(kernel, units, ring, path, rows, cols, mb)
     if kernel.attr("threads") != p.threads:
         raise CompileError(f"{kernel.attr('threads')} threads", op=kernel.name, loc=kernel.loc,
@@ -118,6 +121,33 @@ def plan(kernel: Graph) -> StreamPlan:
     _plan_counters(p)
     _plan_smem(p)
     return p
+
+
+def _check_protocol(units: Op, ring: Op) -> None:
+    """CompileError unless the region follows the ring protocol the kernel implements (pass
+    ``insert-barriers`` adds it): ``ring_claim`` right before ``ring_issue``, ``ring_wait``
+    before the first read of a stage view, ``ring_release`` after the last, and an issue for
+    the ring (else the consumers wait forever)."""
+    body = list(units.regions[0])
+    names = [op.name for op in body]
+    want = "claim, issue, stage, wait, reads, release (pass insert-barriers)"
+    if "ring_issue" not in names:
+        raise CompileError("a ring that nothing fills", op="ring_alloc", loc=ring.loc,
+                           valid="ring_issue in the units region")
+    i = names.index("ring_issue")
+    if i == 0 or names[i - 1] != "ring_claim":
+        raise CompileError("ring_issue without ring_claim before it", op="ring_issue",
+                           loc=body[i].loc, valid=want)
+    views = {r.name for op in body if op.name == "ring_stage" for r in op.results}
+    reads = [k for k, op in enumerate(body) if any(v.name in views for v in op.operands)]
+    waits = [k for k, n in enumerate(names) if n == "ring_wait"]
+    rel = [k for k, n in enumerate(names) if n == "ring_release"]
+    if reads and (not waits or waits[0] > reads[0]):
+        raise CompileError("a stage read before ring_wait", op=body[reads[0]].name,
+                           loc=body[reads[0]].loc, valid=want)
+    if reads and (not rel or rel[-1] < reads[-1]):
+        raise CompileError("a stage read with no ring_release after it",
+                           op=body[reads[-1]].name, loc=body[reads[-1]].loc, valid=want)
 
 
 def _from_ring(units: Op, gemv: Op) -> bool:

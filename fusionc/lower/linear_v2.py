@@ -58,8 +58,10 @@ def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None) -> 
     Raises:
         LoweringError: shapes the v2 linear does not take (:func:`check_linear`).
     """
-    check_linear(op, max_batch)
     x, w = op.operands[0], op.operands[1]
+    if isinstance(x.type.shape[0], int):   # a static batch sizes the kernel itself
+        max_batch = max(max_batch, x.type.shape[0])
+    check_linear(op, max_batch)
     bias = op.operands[2] if len(op.operands) == 3 else None
     y = op.result
     n, k = w.type.shape

@@ -32,6 +32,7 @@ from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.types import TensorType
 from fusionc.passes.base import Pass, register_pass
+from fusionc.stream.ring import pad_rows
 
 PRODUCER_THREADS = 288   # 8 consumer warps + the producer warp (fusionc.codegen.streamed)
 V2_PIPELINE = "partition-units{{max_batch={mb}}},stream-plan,insert-barriers,smem-plan"
@@ -77,12 +78,29 @@ class PartitionUnits(Pass):
                     raise LoweringError("not lowered by lowering v2 yet", op=op.name, loc=op.loc,
                                         valid="graphs of linear layers on lowering='v2'; "
                                               "attention and MLP blocks on lowering='v1'")
-                k = lower_linear(op, f"{g.name}_k{i}", self.max_batch, self.grid or None)
+                params = {p.name for p in g.params}
+                if op.operands[1].name not in params:
+                    raise LoweringError(f"the weight %{op.operands[1].name} is computed in "
+                                        "the graph", op=op.name, loc=op.loc,
+                                        valid="weights that are graph inputs on lowering v2 "
+                                              "(their first tiles stream before the previous "
+                                              "kernel finished)")
+                k = lower_linear(op, _kernel_name(g, i, module), self.max_batch,
+                                 self.grid or None)
                 items.append(k)
                 body.append(_op("launch", op.operands, (op.result,), op.loc,
                                 kernel=SymbolRef(k.name)))
             hosts.append(g.replace(body=tuple(body)))
         return Module(tuple(items + hosts))
+
+
+def _kernel_name(g: Graph, i: int, module: Module) -> str:
+    """``{graph}_k{i}``, with a suffix when the module already has an item of that name."""
+    taken = set(module.names)
+    name, n = f"{g.name}_k{i}", 1
+    while name in taken:
+        name, n = f"{g.name}_k{i}_{n}", n + 1
+    return name
 
 
 @register_pass
@@ -108,7 +126,7 @@ class StreamPlan(Pass):
             return k
         rows, cols = gemv.attr("rows"), gemv.attr("cols")
         mb = k.attr("max_batch")
-        xrows = mb if item == 4 or mb == 1 else -(-mb // 8) * 8   # whole mma n-tiles
+        xrows = mb if item == 4 or mb == 1 else pad_rows(mb)   # whole mma n-tiles
         ring = Value(f"ring_{gemv.loc.line if gemv.loc else 0}",
                      TensorType(w.type.dtype, (self.stages, rows + xrows, cols)))
         tw = Value(ring.name + ".w", TensorType(w.type.dtype, (rows, cols)))
@@ -185,7 +203,7 @@ class SmemPlan(Pass):
         best = k
         for s in range(2, self.max_stages + 1):
             cand = _with_stages(k, ring, s)
-            if plan(cand).smem + 1024 > SMEM_LIMIT:
+            if plan(cand, check=False).smem + 1024 > SMEM_LIMIT:
                 break
             best = cand
         return best

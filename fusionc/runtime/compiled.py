@@ -52,7 +52,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             than 16).
         lowering: ``"v1"`` (cluster kernels per block, the default) or ``"v2"`` (design v2:
             streamed persistent kernels over every SM; linear layers so far, with an optional
-            bias: pass pipeline ``partition-units,stream-plan,insert-barriers,smem-plan``).
+            bias: the pipeline ``fusionc.passes.stream.v2_pipeline(max_batch)``).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:

@@ -258,6 +258,13 @@ class LoadedKernel:
 
     @grid.setter
     def grid(self, n: int) -> None:
+        src = self.compiled.source
+        top = min(src.grid, src.persistent_units)
+        if not src.persistent_units or isinstance(n, bool) or not isinstance(n, int) \
+                or not 1 <= n <= top:
+            raise InputError(f"a grid of {n!r} CTAs for {src.name}", op=src.name,
+                             valid=f"a persistent kernel's grid from 1 to {top} (its units and "
+                                   "the workspace it was compiled for)")
         self._grid = n
         self._configs.clear()
 

@@ -31,7 +31,7 @@ def encode(ptr: int, dtype: DType, rows: int, cols: int, box: tuple[int, int]):
     item = dtype.itemsize
     if ptr % 16 or (cols * item) % 16:
         raise InputError(f"a TMA tensor at {ptr:#x} with rows of {cols * item} bytes",
-                         valid="16-byte aligned tensors whose rows are a multiple of 16 bytes")
+                         op="tensor map", valid="16-byte aligned tensors whose rows are a multiple of 16 bytes")
     return check(cu.cuTensorMapEncodeTiled(
         getattr(cu.CUtensorMapDataType, _DTYPES[dtype]), 2, ptr,
         [cu.cuuint64_t(cols), cu.cuuint64_t(max(1, rows))], [cu.cuuint64_t(cols * item)],

@@ -43,6 +43,17 @@ def empty_parity(j: int, stages: int) -> int:
     return (j // stages - 1) & 1
 
 
+def full_parity_c(j: str, stages: int, offset: int = 0) -> str:
+    """:func:`full_parity` as a C expression of the unit index ``j`` (codegen's copy of the
+    same formula; ``offset``: the ops' ``parity_offset``)."""
+    return f"({j} / {stages} + {offset}) & 1"
+
+
+def empty_parity_c(j: str, stages: int, offset: int = 0) -> str:
+    """:func:`empty_parity` as a C expression of ``j`` (only for ``j >= stages``)."""
+    return f"({j} / {stages} - 1 + {offset}) & 1"
+
+
 def pad_rows(n: int) -> int:
     """Rows of a box: a multiple of 8 (the swizzle period is 8 rows of 128 bytes)."""
     return -(-n // 8) * 8

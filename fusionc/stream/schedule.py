@@ -14,7 +14,8 @@ Slots: CTA ``c`` has two, ``2c`` for its first group and ``2c + 1`` for its last
 when its range lies inside one: slot ``2c``).
 
 The CUDA templates compute the same quantities (``templates/lib/stream.cuh.j2``:
-``fc_unit_start``, ``fc_unit_cta``); tests compare both.
+``fc_unit_start``, ``fc_unit_cta``, the flush's slots); ``tests/sim/test_unit_schedule.py``
+checks the C expressions against these on every small shape.
 """
 from __future__ import annotations
 

@@ -89,3 +89,39 @@ def test_every_path_compiles(n, k, dtype, mb):
     m = run_pipeline(linear_graph(n, k, dtype), v2_pipeline(mb))
     ck = compile_kernel(m["lin_k0"])
     assert ck.spills == 0 and ck.cubin
+
+
+def test_static_batch_above_the_bucket_sizes_the_kernel():
+    @fc.graph
+    def g(x: fc.f16[12, 256], w: fc.f16[100, 256]):
+        return fc.linear(x, w, name="y")
+    low = run_pipeline(g, v2_pipeline(8))
+    rng = np.random.default_rng(3)
+    args = {"x": rng.standard_normal((12, 256)), "w": rng.standard_normal((100, 256)) / 16}
+    ref, = interpret(g, args)
+    out, = simulate(low, args)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2
+    assert low["g_k0"].attr("max_batch") == 12
+
+
+def test_weights_computed_in_the_graph_are_refused():
+    @fc.graph
+    def g(x: fc.f16["B", 64], a: fc.f16[8, 64], b: fc.f16[64, 64]):
+        return fc.linear(x, fc.linear(a, b, name="w"), name="y")
+    with pytest.raises(LoweringError, match="computed in the graph"):
+        run_pipeline(g, v2_pipeline(2))
+
+
+def test_codegen_refuses_a_ring_without_its_waits():
+    from fusionc.codegen.compile import compile_kernel
+    from fusionc.errors import CompileError
+    m = run_pipeline(linear_graph(128, 256), "partition-units{max_batch=2},stream-plan,smem-plan")
+    with pytest.raises(CompileError, match="ring_claim"):
+        compile_kernel(m["lin_k0"])
+
+
+def test_kernel_names_do_not_clash_with_graphs():
+    lin = linear_graph(64, 128)
+    other = lin.graphs[0].replace(name="lin_k0")
+    m = run_pipeline(Module((lin.graphs[0], other)), v2_pipeline(2))
+    assert len(set(m.names)) == len(m.names)

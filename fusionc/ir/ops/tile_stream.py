@@ -13,10 +13,10 @@
     parity ``full_parity(j)``). On both waits ``parity_offset`` is added to the parity: 1 is a
     wrong (stale) parity, which the simulator reports (negative tests use it).
 ``ring_issue(%r, %w, %x)`` (producer trait)
-    Arm the stage's full barrier with the unit's byte count and issue its 1D ``cp.async.bulk``
-    row copies: weight rows ``[g·rows, +rows) ∩ [0, N)`` of ``%w`` and activation rows
-    ``[0, M)`` of ``%x``, columns ``[s·cols, +cols) ∩ [0, K)`` (unit ``u``: group ``g``, step
-    ``s``; M the run-time batch). Rows beyond the tensor are not copied (not read either).
+    Arm the stage's full barrier with the stage's byte count and issue its 2D TMA boxes (tensor
+    maps, 128-byte swizzle: :mod:`fusionc.stream.ring`): weight rows ``[g·rows, +rows)`` of
+    ``%w`` and activation rows ``[0, xrows)`` of ``%x``, columns ``[s·cols, +cols)`` (unit
+    ``u``: group ``g``, step ``s``); elements past N, K or the run-time batch arrive as zeros.
 ``%tw, %tx = ring_stage(%r) : dt[rows, cols], dt[xrows, cols]``
     Views of the current unit's stage (no code); reading them is legal only between
     ``ring_wait {barrier = full}`` and ``ring_release``.
@@ -60,7 +60,7 @@ def _infer_alloc(op):
              "2 to 16 stages and fewer weight rows than rows per stage")
     if (t.shape[2] * t.dtype.itemsize) % 16:
         fail(op, f"rows of {t.shape[2]} elements ({t.shape[2] * t.dtype.itemsize} bytes)",
-             "rows of a multiple of 16 bytes (cp.async.bulk)")
+             "rows of a multiple of 16 bytes (TMA)")
     return (t,)
 
 
