@@ -56,7 +56,11 @@ def test_editable_install_imports_from_the_parent_folder(tmp_path):
         pth = [n for n in z.namelist() if n.endswith(".pth")]
         assert pth and not [n for n in z.namelist() if n.endswith("_finder.py")], z.namelist()
         z.extractall(site, members=pth)
-    code = f"import site; site.addsitedir({str(site)!r}); " + PROBE
+    # the wheel's path entries first: a venv with another fusionc installed (CI's own editable
+    # install of its checkout) must not shadow the wheel under test
+    entries = [ln.strip() for n in pth for ln in (site / n).read_text().splitlines()
+               if ln.strip() and not ln.startswith(("#", "import"))]
+    code = f"import sys; sys.path[1:1] = {entries!r}; " + PROBE
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                        text=True)   # cwd holds the checkout folder `fusionc`
     assert r.returncode == 0, r.stderr
