@@ -39,7 +39,7 @@ def setup(p):
                    help="a size for build() of a .py file (repeatable)")
     p.add_argument("--graph", metavar="NAME", help="compile only this graph")
     p.add_argument("--cluster", type=int, default=0, choices=(0, 1, 2, 4, 8, 16),
-                   help="cluster size (0: cost model)")
+                   help="cluster size (0: cost model; lowering v1)")
     p.add_argument("--scheme", default="auto", choices=("auto", "splitk", "splitn"),
                    help="QKV (attention) and gate/up (MLP) scheme")
     p.add_argument("--max-batch", type=positive_int, default=None,

@@ -37,12 +37,12 @@ def setup(p):
                    help="run the default pipeline up to PASS and print the IR after it")
     p.add_argument("--passes", metavar="PIPELINE",
                    help='run this pipeline first, e.g. "partition-cluster{size=4},fuse"')
+    from fusionc.commands.compile import positive_int
     p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
                    help="the default pipeline of --after: v1 (cluster kernels) or v2 "
                         "(partition-units,stream-plan,insert-barriers,smem-plan)")
-    p.add_argument("--max-batch", type=int, default=8,
+    p.add_argument("--max-batch", type=positive_int, default=8,
                    help="batch bucket of the v2 pipeline (default 8)")
-    from fusionc.commands.compile import positive_int
     p.add_argument("--batch", type=positive_int, default=1,
                    help="batch for the cost table (default 1)")
     p.add_argument("--kv-len", type=positive_int, default=4096,

@@ -32,7 +32,7 @@ def setup(p):
                    help="longest KV length, default 1024")
     p.add_argument("--dtype", choices=("f16", "bf16"), help="override the example's dtype")
     p.add_argument("--cluster", type=int, default=0, choices=(0, 1, 2, 4, 8, 16),
-                   help="cluster size (0: cost model)")
+                   help="cluster size (0: cost model; lowering v1)")
     p.add_argument("--graph", metavar="NAME", help="run only this graph")
     p.add_argument("-D", dest="sizes", metavar="NAME=VALUE", action="append", default=[],
                    help="a size for build() (repeatable)")

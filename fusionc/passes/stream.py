@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusionc.errors import LoweringError
+from fusionc.errors import LoweringError, PassError
 from fusionc.ir.kernel import SMEM_LIMIT
 from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
@@ -74,6 +74,10 @@ class PartitionUnits(Pass):
                 continue
             body = []
             for i, op in enumerate(g.body):
+                if op.name == "launch":
+                    raise PassError("the graph is already lowered (it launches kernels)",
+                                    op=self.name, loc=op.loc,
+                                    valid="partition-units once, on graph IR")
                 if op.name != "linear":
                     raise LoweringError("not lowered by lowering v2 yet", op=op.name, loc=op.loc,
                                         valid="graphs of linear layers on lowering='v2'; "
@@ -193,6 +197,12 @@ class SmemPlan(Pass):
     max_stages: int = 4   # 4 beat 6 and 8 on an H200 (2026-12-02: 13.7 vs 16.0 us, 4096 x 4096)
 
     def run(self, module: Module) -> Module:
+        return _kernels(module, self.size)
+
+    def run(self, module: Module) -> Module:   # noqa: F811 (checks the option, then sizes)
+        if not 2 <= self.max_stages <= 16:
+            raise PassError(f"max_stages = {self.max_stages}", op=self.name,
+                            valid="2 to 16 stages")
         return _kernels(module, self.size)
 
     def size(self, k: Graph) -> Graph:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from fusionc.errors import SimulationError
+from fusionc.errors import InputError, SimulationError
 from fusionc.ir.nodes import Graph, Op
 from fusionc.ir.ops.tile_units import in_producer
 from fusionc.ir.registry import lookup
@@ -40,6 +40,14 @@ def run_streamed(kernel: Graph, memory: GlobalMemory, env: dict, grid: int | Non
     """Run ``kernel`` (with a ``units`` region) on ``memory`` over ``grid`` virtual CTAs."""
     uop = units_op(kernel)
     count, group = uop.attr("count"), uop.attr("group")
+    if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or grid < 1):
+        raise InputError(f"grid = {grid!r}", op=kernel.name,
+                         valid="a positive number of virtual CTAs, or None")
+    mb = kernel.attr("max_batch")
+    for sym, n in env.items():
+        if n > mb:
+            raise InputError(f"{sym} = {n} exceeds the kernel's max_batch = {mb}", op=kernel.name,
+                             valid=f"{sym} <= {mb}, or a kernel compiled for a larger bucket")
     g = UnitSchedule.launch_grid(count, grid or min(VIRTUAL_GRID, kernel.attr("grid")))
     state = Grid(UnitSchedule(count, group, g))
     rng = random.Random(seed)

@@ -72,9 +72,9 @@ def test_stale_parity(which):
 
 
 PROXY = """
-kernel @k {{grid = 2, cluster = 1, threads = 288, max_batch = 1}} (%x: f16[1, 128], %w: f16[64, 128], %z: f16[64, 128], %y: f16[1, 64]) {{
-  %v = load(%w) {{offsets = ["32*cluster", "0"], sizes = [32, 128]}} : f16[32, 128]
-  store(%z, %v) {{offsets = ["32*cluster", "0"]}}
+kernel @k {{grid = 2, cluster = 1, threads = 288, max_batch = 1}} (%x: f16[1, 128], %w: f16[128, 128], %z: f16[128, 128], %y: f16[1, 128]) {{
+  %v = load(%w) {{offsets = ["64*cluster", "0"], sizes = [64, 128]}} : f16[64, 128]
+  store(%z, %v) {{offsets = ["64*cluster", "0"]}}
   counter_signal() {{name = "z", index = 0}}
   counter_signal() {{name = "z", index = 1}}
   %acc = acc_alloc() : f32[1, 64]
@@ -86,7 +86,7 @@ kernel @k {{grid = 2, cluster = 1, threads = 288, max_batch = 1}} (%x: f16[1, 12
     ring_issue(%ring, %z, %x)
     ring_wait(%ring)
     %tw, %tx = ring_stage(%ring) {{rows = 64}} : f16[64, 128], f16[1, 128]
-    acc_gemv(%acc, %tx, %tw) {{rows = 64, cols = 128, n = 64, k = 128}}
+    acc_gemv(%acc, %tx, %tw) {{rows = 64, cols = 128, n = 128, k = 128}}
     ring_release(%ring)
   }})
   return %z, %y
@@ -97,8 +97,8 @@ kernel @k {{grid = 2, cluster = 1, threads = 288, max_batch = 1}} (%x: f16[1, 12
 def _proxy(fence):
     k = parse_module(PROXY.format(fence=fence)).graphs[0]
     rng = np.random.default_rng(1)
-    return k, {"x": rng.standard_normal((1, 128)), "w": rng.standard_normal((64, 128)),
-               "z": np.zeros((64, 128)), "y": np.zeros((1, 64))}
+    return k, {"x": rng.standard_normal((1, 128)), "w": rng.standard_normal((128, 128)),
+               "z": np.zeros((128, 128)), "y": np.zeros((1, 128))}
 
 
 def test_tma_read_of_generic_writes_needs_the_proxy_fence():

@@ -39,9 +39,11 @@ from fusionc.ir.types import FLOAT_DTYPES
 
 
 def _ring_of(op, graph, value):
-    """VerifyError unless ``value`` comes from ring_alloc."""
+    """VerifyError unless ``value`` comes from ring_alloc and ``op`` lies in the units region."""
     if graph is None:
         return
+    from fusionc.ir.ops.stream_checks import inside_units
+    inside_units(op, graph)
     from fusionc.ir.ops.tile_memory import def_of
     d = def_of(graph, value)
     if d is None or d.name != "ring_alloc":
@@ -127,6 +129,12 @@ register(OpDef("ring_release", __doc__, ("ring",), (), lambda op: (), where=K,
                simulate=_sim("release"), verify=_ring, traits=STREAM))
 from fusionc.ir.ops.tile_units import _WARP  # noqa: E402
 
+def _verify_fence(op, graph, module):
+    from fusionc.ir.ops.stream_checks import inside_units
+    inside_units(op, graph)
+
+
 register(OpDef("fence_proxy_async", __doc__, (), (_WARP,), lambda op: (), where=K,
+               verify=_verify_fence,
                simulate=_sim("fence"), traits=STREAM))
 

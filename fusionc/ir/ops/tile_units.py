@@ -65,6 +65,8 @@ def _verify_units(op, graph, module):
         fail(op, "units inside a region", "units() at the top level of the kernel")
     if sum(1 for o in graph.body if o.name == "units") > 1:
         fail(op, "a second units region", "one units() per kernel")
+    from fusionc.ir.ops.stream_checks import check_region
+    check_region(op, graph)
 
 
 def _infer_acc(op):
@@ -104,11 +106,15 @@ def _infer_flush(op):
 
 
 def _verify_flush(op, graph, module):
+    from fusionc.ir.ops.stream_checks import inside_units
     from fusionc.ir.ops.tile_memory import _verify_store
+    inside_units(op, graph)
     _verify_store(op.replace(operands=op.operands[1:]), graph, module)
 
 
 def _verify_gemv(op, graph, module):
+    from fusionc.ir.ops.stream_checks import inside_units
+    inside_units(op, graph)
     for v in op.operands[1:]:
         if graph is not None and any(p.name == v.name for p in graph.params):
             param_of(op, graph, v, "operand")
