@@ -130,6 +130,8 @@ def _stage(op, ctx):
 
 
 def stage_decls(ctx) -> str:
+    """The consumer loop's pointers to the current unit's stage (``fc_sw`` weight rows,
+    ``fc_sx`` activation rows)."""
     geo = _geo(ctx)
     return (f"const unsigned char* const fc_sw = fc_ring + (fc_j % {geo.stages}) * "
             f"{geo.stage_bytes};\nconst unsigned char* const fc_sx = fc_sw + "

@@ -29,7 +29,8 @@ from fusionc.codegen.source import KernelParam, KernelSource
 from fusionc.errors import CompileError
 from fusionc.ir.kernel import ring_geometry
 from fusionc.ir.nodes import Graph, Op
-from fusionc.ir.ops.tile_units import in_producer
+from fusionc.ir.ops.tile_units import in_producer, units_op
+from fusionc.ir.registry import lookup
 from fusionc.ir.printer import print_graph
 from fusionc.ir.types import DType
 
@@ -81,7 +82,7 @@ class StreamPlan:
 
 def is_streamed(kernel: Graph) -> bool:
     """Whether ``kernel`` is a streamed persistent kernel (it has a ``units`` region)."""
-    return any(op.name == "units" for op in kernel.body)
+    return units_op(kernel) is not None
 
 
 def plan(kernel: Graph, check: bool = True) -> StreamPlan:
@@ -91,7 +92,7 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
         if op.name not in TOP_LEVEL:
             raise CompileError("op outside the units region of a streamed kernel",
                                op=op.name, loc=op.loc, valid="acc_alloc, ring_alloc, units")
-    units = next(op for op in kernel.body if op.name == "units")
+    units = units_op(kernel)
     ring = next((op for op in kernel.body if op.name == "ring_alloc"), None)
     gemvs = [op for op in units.regions[0] if op.name == "acc_gemv"]
     if len(gemvs) != 1:
@@ -158,7 +159,7 @@ def _from_ring(units: Op, gemv: Op) -> bool:
 def _plan_counters(p: StreamPlan) -> None:
     words = p.groups   # one per group: the split-K flushes
     for op in p.units.regions[0]:
-        if op.name in ("counter_signal", "counter_wait"):
+        if lookup(op.name).has("counter"):
             n = op.attr("index") + {"const": 1, "group": p.groups, "unit": p.count}[
                 op.attr("slot")]
             first, size = p.counters.get(op.attr("name"), (None, 0))

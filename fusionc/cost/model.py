@@ -51,7 +51,8 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
                 smem: int | None = None) -> KernelCost:
     """Cost of kernel ``k`` at ``batch`` rows and ``kv_len`` cached tokens; ``smem`` is the
     shared memory per CTA when known (from code generation), for the occupancy."""
-    if any(op.name == "units" for op in k.body):
+    from fusionc.ir.ops.tile_units import units_op
+    if units_op(k) is not None:
         return streamed_cost(k, batch, device)
     grid, size = k.attr("grid"), k.attr("cluster")
     env = {"C": size, "S": kv_len, **{d: batch for p in k.params for d in p.type.shape
@@ -99,7 +100,8 @@ def streamed_cost(k: Graph, batch: int = 1, device: Device = H200) -> KernelCost
     once, at the copy bandwidth over every resident CTA, plus the launch — the ring keeps the
     stream running, so no latency term (design v2 §2's measurement: 85–97% of the floor on
     large weights)."""
-    units = next(op for op in k.body if op.name == "units")
+    from fusionc.ir.ops.tile_units import units_op
+    units = units_op(k)
     gemv = next(op for op in units.regions[0] if op.name == "acc_gemv")
     n, kk = gemv.attr("n"), gemv.attr("k")
     item = gemv.operands[2].type.dtype.itemsize

@@ -53,7 +53,8 @@ def _kernels(module: Module, fn) -> Module:
 
 
 def _units(k: Graph) -> Op | None:
-    return next((op for op in k.body if op.name == "units"), None)
+    from fusionc.ir.ops.tile_units import units_op
+    return units_op(k)
 
 
 @register_pass

@@ -21,18 +21,13 @@ from typing import Iterator
 
 from fusionc.errors import InputError, SimulationError
 from fusionc.ir.nodes import Graph, Op
-from fusionc.ir.ops.tile_units import in_producer
+from fusionc.ir.ops.tile_units import in_producer, units_op
 from fusionc.ir.registry import lookup
 from fusionc.sim.state import CTA, GlobalMemory
 from fusionc.sim.stream_state import Block, Grid, StreamCTA
 from fusionc.stream.schedule import UnitSchedule
 
 VIRTUAL_GRID = 6   # CTAs simulated by default (the GPU runs min(resident CTAs, units))
-
-
-def units_op(kernel: Graph) -> Op | None:
-    """The kernel's ``units`` region, if it is a streamed kernel."""
-    return next((op for op in kernel.body if lookup(op.name).has("units")), None)
 
 
 def run_streamed(kernel: Graph, memory: GlobalMemory, env: dict, grid: int | None = None,

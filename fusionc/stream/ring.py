@@ -92,6 +92,7 @@ class RingGeometry:
 
     @property
     def xbox_rows(self) -> int:
+        """Rows of an activation box (``xrows`` padded to the swizzle's 8-row period)."""
         return pad_rows(self.xrows)
 
     def box_offset(self, part: str, half: int) -> int:
@@ -102,10 +103,12 @@ class RingGeometry:
 
     @property
     def stage_bytes(self) -> int:
+        """Bytes of one stage: weight and activation rows of 256 bytes."""
         return (self.rows + self.xbox_rows) * ROW_BYTES
 
     @property
     def data_bytes(self) -> int:
+        """Bytes of every stage (without the mbarriers)."""
         return self.stages * self.stage_bytes
 
     @property

@@ -49,6 +49,7 @@ class UnitSchedule:
 
     @property
     def groups(self) -> int:
+        """Output groups (row blocks): ``⌈count / group⌉``."""
         return -(-self.count // self.group)
 
     def start(self, cta: int) -> int:
@@ -64,9 +65,11 @@ class UnitSchedule:
         return ((unit + 1) * self.grid - 1) // self.count
 
     def group_of(self, unit: int) -> int:
+        """The group (row block) of ``unit``."""
         return unit // self.group
 
     def group_units(self, g: int) -> range:
+        """The units of group ``g`` (the last group may be shorter)."""
         return range(g * self.group, min(self.count, (g + 1) * self.group))
 
     def contributors(self, g: int) -> range:

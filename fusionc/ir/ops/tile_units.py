@@ -127,6 +127,12 @@ _slot = (attr("name", STR, doc="counter set"),
          _WARP)
 
 
+def units_op(kernel):
+    """The ``units`` region of a streamed kernel (an op with the ``units`` trait), or None."""
+    from fusionc.ir.registry import lookup
+    return next((op for op in kernel.body if lookup(op.name).has("units")), None)
+
+
 def in_producer(op) -> bool:
     """Whether ``op`` runs in a streamed kernel's producer warp (the ``producer`` trait, or
     ``warp = producer`` on counter ops and fences); the simulator and codegen both ask this."""
