@@ -98,8 +98,11 @@ class StreamCTA:
         self.rings: dict[str, Ring] = {}
         self.pos = {"producer": (0, 0), "consumer": (0, 0)}
         self.role = "consumer"
-        self.visible: set[int] = {cta.gid}   # CTAs whose released writes this CTA acquired
-        self.proxy_dirty = False             # acquired generic writes since the last fence
+        # per role (the producer warp and the consumer warps are not ordered with each other
+        # except through the ring): CTAs whose released writes the role acquired, and whether
+        # it acquired generic writes since its last proxy fence
+        self.visible = {"producer": {cta.gid}, "consumer": {cta.gid}}
+        self.proxy_dirty = {"producer": False, "consumer": False}
 
     # -- ring --------------------------------------------------------------------------------
     def alloc(self, op, args):
@@ -170,7 +173,7 @@ class StreamCTA:
         return ()
 
     def fence(self, op, args):
-        self.proxy_dirty = False
+        self.proxy_dirty[self.role] = False
         return ()
 
     def view(self, v: StageView, op) -> np.ndarray:
@@ -198,13 +201,14 @@ class StreamCTA:
             return np.asarray(arr[rs, cs], np.float32)
         wr = writer.reshape(arr.shape)[rs, cs]
         others = set(np.unique(wr[wr >= 0]).tolist()) - {self.cta.gid}
-        if others - self.visible:
+        visible = self.visible[self.role]
+        if others - visible:
             raise SimulationError(f"CTA {self.cta.gid} reads %{name} written by CTA "
-                                  f"{min(others - self.visible)} without acquiring it",
+                                  f"{min(others - visible)} without acquiring it",
                                   op=op.name, loc=op.loc,
                                   valid="counter_signal after the writes, counter_wait before "
                                         "the read")
-        if tma and (others or (wr == self.cta.gid).any()) and self.proxy_dirty:
+        if tma and (others or (wr == self.cta.gid).any()) and self.proxy_dirty[self.role]:
             raise hazard("TMA read of data written with ordinary stores and no proxy fence", op,
                          f"CTA {self.cta.gid} copies %{name} by TMA after acquiring writes made "
                          "with ordinary stores", "fence_proxy_async after the counter_wait")
@@ -269,7 +273,7 @@ class StreamCTA:
     def signal(self, op, args):
         key = self._slot(op)
         self.grid.counters[key] = self.grid.counters.get(key, 0) + 1
-        self.grid.released.setdefault(key, set()).update(self.visible)
+        self.grid.released.setdefault(key, set()).update(self.visible[self.role])
         return ()
 
     def counter_wait(self, op, args):
@@ -277,8 +281,9 @@ class StreamCTA:
         yield Block(lambda: self.grid.counters.get(key, 0) >= target, f"CTA {self.cta.gid} "
                     f"waits for {key[0]}[{key[1]}] >= {target}", op, key)
         self.grid.counters[key] -= target
-        self.visible |= self.grid.released.get(key, set())
-        self.proxy_dirty = True
+        role = self.role   # restored by the scheduler after the wait
+        self.visible[role] |= self.grid.released.get(key, set())
+        self.proxy_dirty[role] = True
         return ()
 
     def _block(self, ready, op, what):

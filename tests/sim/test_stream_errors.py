@@ -61,3 +61,11 @@ def test_bad_virtual_grid(grid):
 def test_misused_passes(pipeline, what):
     with pytest.raises(PassError, match=what):
         run_pipeline(linear_graph(64, 128), pipeline)
+
+
+def test_a_counter_slot_with_several_waiters():
+    from tests.sim.test_stream_hazards import CYCLE
+    text = CYCLE.format(wait="a").replace('{name = "a", slot = unit}\n    counter_signal',
+                                           '{name = "a"}\n    counter_signal', 1)
+    with pytest.raises(VerifyError, match="one waiter"):
+        parse_module(text)

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from fusionc.ir.registry import fail
 
-PER_UNIT = frozenset({"ring_claim", "ring_wait", "ring_issue", "ring_stage", "ring_release",
-                      "fence_proxy_async", "acc_gemv", "group_flush"})
-
-
 def inside_units(op, graph) -> None:
     """VerifyError unless ``op`` (a per-unit op) lies in the kernel's ``units`` region."""
     if graph is None:
@@ -41,6 +37,13 @@ def check_region(units, graph) -> None:
         if ring is not None and ring.attr("rows") != st.attr("rows"):
             fail(st, f"rows = {st.attr('rows')} of a ring of {ring.attr('rows')} weight rows",
                  f"rows = {ring.attr('rows')}")
+    for w in (o for o in body if o.name == "counter_wait"):
+        # the wait subtracts its target: one waiter per slot, i.e. one unit
+        if not (w.attr("slot") == "unit" or (w.attr("slot") == "group" and
+                                              units.attr("group") == 1)):
+            fail(w, f"slot = {w.attr('slot')}: every unit (and CTA) of a slot waits on it, but a "
+                    "wait resets the counter for one waiter", "slot = unit (or group with "
+                    "groups of one unit)")
     mb = graph.attr("max_batch")
     for ring in rings.values():
         xrows = ring.result.type.shape[1] - ring.attr("rows")

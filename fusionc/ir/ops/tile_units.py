@@ -157,6 +157,11 @@ register(OpDef("group_flush", __doc__, ("acc", "y", "bias?"), (attr("rows", POS_
                traits=frozenset({"accumulates"})))
 register(OpDef("counter_signal", __doc__, (), _slot, lambda op: (), where=K,
                simulate=_sim("signal"), traits=frozenset({"counter"})))
+def _verify_wait(op, graph, module):
+    from fusionc.ir.ops.stream_checks import inside_units
+    inside_units(op, graph)
+
+
 register(OpDef("counter_wait", __doc__, (), _slot + (attr("target", POS_INT, 1),),
-               lambda op: (), where=K, simulate=_sim("counter_wait"),
+               lambda op: (), where=K, simulate=_sim("counter_wait"), verify=_verify_wait,
                traits=frozenset({"counter"})))
