@@ -4,6 +4,8 @@ against a float64 reference on fresh random inputs, outputs poisoned first. Cove
 K below one tile), N tails, the plain-load path (rows TMA cannot copy), a bias, 1000 CUDA-graph
 replays with self-resetting counters, and a grid larger than the GPU holds at once."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -35,6 +37,7 @@ def precompile():
         compiled(case)
     compiled(GRAPH_CASE)
     compiled(WAVES_CASE, WAVES_PIPELINE)
+    chain_compiled()
 
 
 def _inputs(case, rng):
@@ -119,3 +122,46 @@ def test_linear_v2_grid_larger_than_the_gpu_holds():
     err = rel(out, ref)
     record("linear v2", "1024 CTAs (not all resident)", f"{err:.1e}")
     assert lk.grid == 1024 and err <= 1e-2 and int(lk.counters.sum()) == 0
+
+
+CHAIN = (1024, 4096, 512, "f16", 4)   # x [B, 4096] -> h [B, 1024] -> y [B, 512]
+
+
+def chain_compiled():
+    from fusionc.dsl.loader import load_file
+    n, k, n2, dt, mb = CHAIN
+    m = load_file(str(pathlib.Path(__file__).parents[2] / "examples" / "linear_v2.py"),
+                  n=n, k=k, n2=n2, dtype=dt)
+    return m["chain"], fc.compile(m, "chain", max_batch=mb, lowering="v2")
+
+
+def test_linear_v2_chain_under_pdl_in_a_graph():
+    """Two streamed kernels, the second reading the first's output, launched with programmatic
+    dependent launch and replayed 200 times in a CUDA graph: the second may start while the
+    first drains but reads h only after griddepcontrol.wait."""
+    import cupy
+    from fusionc.runtime.transfer import download, upload
+    g, fn = chain_compiled()
+    n, k, n2, dt, mb = CHAIN
+    rng = np.random.default_rng()
+    d = DType(dt)
+    args = {"x": rng.standard_normal((mb, k)), "w1": rng.standard_normal((n, k)) / np.sqrt(k),
+            "w2": rng.standard_normal((n2, n)) / np.sqrt(n)}
+    args = {a: np.asarray(round_to(v, d), np.float64) for a, v in args.items()}
+    h = np.asarray(round_to(args["x"] @ args["w1"].T, d), np.float64)
+    ref = h @ args["w2"].T
+    dev = {a: upload(v, d) for a, v in args.items()}
+    y = cupy.empty((mb, n2), dev["x"].dtype)
+    fn(**dev, outputs={"y": y})   # loads the kernels before the capture
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        fn(**dev, outputs={"y": y})
+        graph = stream.end_capture()
+        y.fill(nan_bits(d))
+        for _ in range(200):
+            graph.launch(stream)
+        stream.synchronize()
+    err = rel(download(y, d), ref)
+    record("linear v2", "chain of two kernels under PDL, 200 replays", f"{err:.1e}")
+    assert err <= 1e-2
