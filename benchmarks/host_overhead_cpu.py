@@ -20,6 +20,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.common import table  # noqa: E402  (importable without PyTorch)
+
 # Llama-3-8B sizes (fusionc/models/blocks.py, examples/llama3_8b.py), fp16, KV 4096
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, MAX_SEQ = 4096, 32, 8, 128, 14336, 4096
 
@@ -152,13 +154,6 @@ def profile(cg, args: dict, calls: int, top: int = 25) -> str:
     return s.getvalue()
 
 
-def table(rows: list[dict], cols: list[str]) -> str:
-    """A Markdown table (``benchmarks.common.table``, which needs PyTorch)."""
-    def fmt(v):
-        return f"{v:.1f}" if isinstance(v, float) else str(v)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def main():
