@@ -202,6 +202,7 @@ def fake_driver():
     ns.cuOccupancyMaxActiveClusters = lambda f, cfg: (ok, 1 << 20)
     ns.cuOccupancyMaxActiveBlocksPerMultiprocessor = lambda f, t, s: (ok, 64)
     ns.cuCtxGetStreamPriorityRange = lambda: (ok, 0, -5)
+    ns.cuTensorMapEncodeTiled = lambda *a: (ok, real.CUtensorMap())   # v2 kernels' TMA maps
     return ns
 
 
