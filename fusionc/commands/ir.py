@@ -59,7 +59,11 @@ def setup(p):
         if args.graph is None:
             print(print_module(module), end="")
         elif args.graph in module.names:
-            print(print_graph(module[args.graph]))
+            g = module[args.graph]
+            launched = [op.attr("kernel").name for op in g.walk() if op.name == "launch"]
+            for name in dict.fromkeys(launched):   # the kernels it launches, then the graph
+                print(print_graph(module[name]) + "\n")
+            print(print_graph(g))
         else:
             raise DSLError(f"no graph named '{args.graph}' in {args.source}",
                            valid=", ".join(module.names))
