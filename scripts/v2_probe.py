@@ -1,63 +1,43 @@
-"""Probe one design-v2 linear on the GPU: time per call in a CUDA graph over rotated buffers,
-and the fixed cost of a one-tile call; run under ncu for the kernel's own profile.
+"""Probe one design-v2 linear on the GPU at a chosen ring depth: time per call in a CUDA graph
+over rotated buffers (``benchmarks.common.time_graph``, as ``benchmarks/gemv.py`` times it); run
+under ncu for the kernel's own profile. The ring-depth rows of BENCHMARKS.md (issue 20) came
+from it.
 
-    python3 scripts/v2_probe.py 4096 4096 1 [f16]
-    ncu --clock-control none -k regex:fusionc --launch-skip 2 --launch-count 1 \
+    python3 scripts/v2_probe.py N K BATCH [DTYPE] [STAGES]     # e.g. 4096 4096 1 f16 4
+    ncu --clock-control none -k regex:fusionc --launch-skip 2 --launch-count 1 \\
         python3 scripts/v2_probe.py 4096 4096 1
 """
+import os
 import sys
 
-import cupy
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import fusionc as fc
-from fusionc.ir import DType
-from fusionc.runtime.transfer import upload
+import fusionc as fc  # noqa: E402
+from tests.passes.graphs import linear_graph  # noqa: E402
 
 
-def module(n, k, dt):
-    T = fc.dtype(dt)
-
-    @fc.graph
-    def lin(x: T["B", k], w: T[n, k]):
-        return fc.linear(x, w, name="y")
-    return lin
-
-
-def time_call(n, k, b, dt, sets, reps=20, stages=8):
+def compiled(n: int, k: int, b: int, dt: str = "f16", stages: int = 4):
+    """The v2 linear ``[b, k] x [n, k]^T`` with a ring of at most ``stages`` stages."""
     pipe = (f"partition-units{{max_batch={b}}},stream-plan,insert-barriers,"
             f"smem-plan{{max_stages={stages}}}")
-    fn = fc.compile(module(n, k, dt), max_batch=b, lowering="v2", pipeline=pipe)
-    rng = np.random.default_rng(0)
-    d = DType(dt)
-    bufs = [dict(x=upload(rng.standard_normal((b, k)), d),
-                 w=upload(rng.standard_normal((n, k)) / np.sqrt(k), d)) for _ in range(sets)]
-    ys = [cupy.empty((b, n), bufs[0]["x"].dtype) for _ in range(sets)]
-    for a, y in zip(bufs, ys):
-        fn(**a, outputs={"y": y})
-    s = cupy.cuda.Stream(non_blocking=True)
-    with s:
-        s.begin_capture()
-        for a, y in zip(bufs, ys):
-            fn(**a, outputs={"y": y})
-        g = s.end_capture()
-        g.launch(s)
-        s.synchronize()
-        times = []
-        for _ in range(reps):
-            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-            e0.record(s)
-            g.launch(s)
-            e1.record(s)
-            e1.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(e0, e1) * 1e3 / sets)
-    return float(np.median(times))
+    return fc.compile(linear_graph(n, k, dt), max_batch=b, lowering="v2", pipeline=pipe)
+
+
+def main(argv) -> None:
+    import torch
+
+    from benchmarks.common import time_graph
+    n, k, b = (int(a) for a in argv[:3])
+    dt = argv[3] if len(argv) > 3 else "f16"
+    stages = int(argv[4]) if len(argv) > 4 else 4
+    fn = compiled(n, k, b, dt, stages)
+    tdt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dt]
+    sets = max(2, -(-180 * 2**20 // (n * k * tdt.itemsize)) + 1)   # past 3x the 60 MB L2
+    bufs = [(torch.randn(b, k, device="cuda", dtype=tdt),
+             torch.randn(n, k, device="cuda", dtype=tdt) / k ** 0.5) for _ in range(sets)]
+    us = time_graph([lambda x=x, w=w: fn(x=x, w=w) for x, w in bufs]) * 1e6
+    print(f"{n}x{k} {dt} B={b} stages={stages}: {us:.1f} us per call ({sets} sets)")
 
 
 if __name__ == "__main__":
-    n, k, b = (int(a) for a in sys.argv[1:4])
-    dt = sys.argv[4] if len(sys.argv) > 4 else "f16"
-    sets = max(2, -(-180 * 2**20 // (n * k * 2)) + 1)
-    stages = int(sys.argv[5]) if len(sys.argv) > 5 else 8
-    us = time_call(n, k, b, dt, sets, stages=stages)
-    print(f"{n}x{k} {dt} B={b} stages={stages}: {us:.1f} us per call ({sets} sets)")
+    main(sys.argv[1:])

@@ -51,10 +51,6 @@ def _geo(ctx):
     return ring_geometry(ctx.plan.ring)
 
 
-def _bars(ctx) -> tuple[str, str]:
-    return "fc_full", "fc_empty"
-
-
 @emits("ring_claim")
 def _claim(op, ctx):
     s = _geo(ctx).stages

@@ -81,8 +81,3 @@ class UnitSchedule:
         """Workspace slot of CTA ``cta``'s partial sum of group ``g``."""
         first = self.group_of(self.start(cta))
         return 2 * cta + (0 if g == first else 1)
-
-    def flushes(self, cta: int) -> list[int]:
-        """Groups CTA ``cta`` flushes, in order (one per group its range touches)."""
-        r = self.units(cta)
-        return list(range(self.group_of(r.start), self.group_of(r.stop - 1) + 1))

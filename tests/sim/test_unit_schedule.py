@@ -4,6 +4,7 @@ contributors of a group and their workspace slots."""
 import re
 
 from fusionc.paths import templates_dir
+from fusionc.stream.ring import RingGeometry, swizzle
 from fusionc.stream.schedule import UnitSchedule
 
 
@@ -34,3 +35,18 @@ def test_c_schedule_matches_python():
                     assert all(2 * c == s.slot(c, g) for c in range(c0 + 1, c1 + 1))
                     for c in s.contributors(g):
                         assert set(s.units(c)) & set(s.group_units(g))
+
+
+def test_c_swizzle_matches_the_ring():
+    """fc_swz (the consumers' shared-memory addresses) against fusionc.stream.ring: chunk c of
+    row r lies in box c // 8 at chunk swizzle(r, c % 8)."""
+    src = (templates_dir() / "lib" / "stream.cuh.j2").read_text()
+    body = re.search(r"fc_swz\(int r, int c\) \{\s*return (.*?);", src, re.S).group(1)
+    for box_rows in (8, 16, 64):
+        geo = RingGeometry(4, 64, box_rows, 128, 2)
+        for r in range(box_rows):
+            for c in range(16):
+                got = eval(body, {}, {"r": r, "c": c, "BOX_ROWS": box_rows})
+                want = (c // 8) * box_rows * 128 + r * 128 + 16 * swizzle(r, c % 8)
+                assert got == want
+        assert geo.box_offset("x", 1) - geo.box_offset("x", 0) == geo.xbox_rows * 128
