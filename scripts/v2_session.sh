@@ -8,11 +8,7 @@
 #   tar czf .fcache.tgz .fcache
 # then run (carry .whl and .fcache.tgz):  bash scripts/v2_session.sh [suite seconds]
 set -uo pipefail
-[[ -f .fcache.tgz ]] && tar xzf .fcache.tgz
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD FUSIONC_CACHE_DIR=$(realpath .fcache)
-out=${OUT:-/tmp/out}; mkdir -p "$out"
+source "$(dirname "$0")/device_env.sh"
 timeout "${1:-330}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
   --ignore=tests/gpu/test_tp2_gpu.py > "$out/gpu_suite.log" 2>&1
 echo "suite rc=$? $(tail -1 "$out/gpu_suite.log")"

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from fusionc.codegen.render import render
 
-ORDER = ("common", "mma", "gemv", "gemv_mma", "attention", "mla", "stream")
-DEPS = {"gemv_mma": ("mma", "gemv"), "mla": ("mma",), "stream": ("mma",)}  # libraries that use another's helpers
+ORDER = ("common", "mma", "gemv", "gemv_mma", "attention", "mla", "stream", "stream_flush")
+DEPS = {"gemv_mma": ("mma", "gemv"), "mla": ("mma",), "stream": ("mma",),
+        "stream_flush": ("stream",)}  # libraries that use another's helpers
 
 
 def render_libs(needed: set[str], delay: bool = False) -> list[str]:

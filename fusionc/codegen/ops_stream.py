@@ -23,6 +23,7 @@ class StreamCtx:
     producer_setup: str = ""
     consumer_setup: str = ""
     views: dict = field(default_factory=dict)   # stage-view value -> C expression
+    epilogue: str = ""             # the flush's FcEpi functor (fusionc.stream.epilogue)
 
     def ptr(self, v) -> str:
         return self.refs[v.name]
@@ -84,9 +85,12 @@ def _weight_prologue(ctx, geo, w, x) -> str:
     copy its two weight boxes), the first stages' weight boxes, then ``griddepcontrol.wait``:
     weights are never written by a kernel, so they stream while the previous kernel (PDL)
     drains; the activation boxes wait for it."""
-    ws = "\n".join(f"  fc_tma_2d(stage + {geo.box_offset('w', h)}, &{tmap(w)}, "
-                   f"s * {geo.cols} + {h * geo.box_cols}, g * {geo.rows}, &fc_full[st], "
-                   "fc_pol_w);" for h in (0, 1))
+    split = ctx.plan.split
+    boxes = [(0, f"g * {geo.rows}")] if not split else [
+        (0, f"g * {geo.rows // 2}"), (geo.rows // 2 * 128, f"{split} + g * {geo.rows // 2}")]
+    ws = "\n".join(f"  fc_tma_2d(stage + {geo.box_offset('w', h) + off}, &{tmap(w)}, "
+                    f"s * {geo.cols} + {h * geo.box_cols}, {row}, &fc_full[st], fc_pol_w);"
+                    for h in (0, 1) for off, row in boxes)
     return f"""const unsigned long long fc_pol_w = fc_policy_evict_first();
 const unsigned long long fc_pol_x = fc_policy_evict_last();
 auto fc_issue_w = [&](int j, int u) {{  // arm stage j % S, copy unit u's weight boxes
@@ -147,24 +151,38 @@ def _fence(op, ctx):
 @emits("acc_gemv")
 def _gemv(op, ctx):
     p = ctx.plan
-    acc, x, w = op.operands
+    acc, x, w = op.operands[:3]
     dt = w.type.dtype
     ct, v = cnames.ctype(dt), 16 // dt.itemsize
     n, k = op.attr("n"), op.attr("k")
     m = cnames.dim(acc.type.shape[0])
+    gamma = _stage_gamma(op, ctx, ct) if len(op.operands) == 4 else "nullptr"
     _acc_decl(ctx, acc)
     if p.path == "plain":
         if "fc_grid_dependency_wait" not in ctx.consumer_setup:
             ctx.consumer_setup += "fc_grid_dependency_wait();  // PDL: x from the previous kernel\n"
         return (f"fc_acc_fma_global<{p.rows // 16}, {p.max_batch}, {v}, {ct}>(fc_acc, "
-                f"{ctx.ptr(x)}, {ctx.ptr(w)}, {m}, {n}, {k}, fc_g * {p.rows}, "
-                f"fc_s * {p.cols});")
+                f"{ctx.ptr(x)}, {ctx.ptr(w)}, {gamma}, {m}, {n}, {k}, fc_g, {p.rows}, "
+                f"{op.attr('split')}, fc_s * {p.cols});")
     geo = _geo(ctx)
     if p.path == "mma":
         return (f"fc_acc_mma_smem<{p.nb}, {geo.rows}, {geo.xbox_rows}, {geo.cols}, {ct}>("
-                f"fc_acc, fc_sw, fc_sx, {k} - fc_s * {geo.cols});")
+                f"fc_acc, fc_sw, fc_sx, {gamma}, fc_s * {geo.cols}, {k});")
     return (f"fc_acc_fma_smem<{p.rows // 16}, {p.max_batch}, {v}, {geo.rows}, {geo.xbox_rows}, "
-            f"{ct}>(fc_acc, fc_sw, fc_sx, {m}, {k} - fc_s * {geo.cols});")
+            f"{ct}>(fc_acc, fc_sw, fc_sx, {gamma}, {m}, fc_s * {geo.cols}, {k});")
+
+
+def _stage_gamma(op, ctx, ct) -> str:
+    """The consumers' prologue that copies the norm weight into shared memory (``fc_gamma``):
+    read by every unit, so from shared memory rather than through L2 at each k-step."""
+    from fusionc.codegen.streamed import gamma_elems
+    p = ctx.plan
+    kp = gamma_elems(p, op)
+    ctx.consumer_setup = (
+        f"{ct}* const fc_gamma = reinterpret_cast<{ct}*>(fc_smem + {p.gamma_off});\n"
+        f"fc_stage_gamma<256>({ctx.ptr(op.operands[3])}, {op.attr('k')}, {kp}, fc_gamma);\n"
+        "fc_consumer_sync<256>();\n") + ctx.consumer_setup
+    return "fc_gamma"
 
 
 def _acc_decl(ctx, acc) -> None:
@@ -178,12 +196,18 @@ def _acc_decl(ctx, acc) -> None:
 
 @emits("group_flush")
 def _flush(op, ctx):
+    from fusionc.stream import epilogue
     p = ctx.plan
     acc, y = op.operands[0], op.operands[1]
-    bias = ctx.ptr(op.operands[2]) if len(op.operands) == 3 else "nullptr"
+    steps = epilogue.parse(op.attr("epilogue"))
+    extras = op.operands[2:]
+    ctx.epilogue = epilogue.c_struct(steps, cnames.ctype(y.type.dtype),
+                                     [cnames.ctype(v.type.dtype) for v in extras], p.split)
     n = y.type.shape[1]
     m = cnames.dim(y.type.shape[0])
-    ct = cnames.ctype(y.type.dtype)
+    half = p.rows // 2 if epilogue.paired(steps) else p.rows
+    ptrs = ", ".join([ctx.ptr(y)] + ["fc_rms" if v.name not in ctx.refs else ctx.ptr(v)
+                                     for v in extras])
     cnt, grp = p.count, p.group
     head = f"""if (fc_s == {grp - 1} || fc_u == fc_u1 - 1) {{  // the group's last unit here
   const int gc0 = fc_unit_cta(fc_g * {grp}, {cnt}, gridDim.x);
@@ -191,15 +215,27 @@ def _flush(op, ctx):
   const int slot = 2 * blockIdx.x + (fc_g == fc_u0 / {grp} ? 0 : 1);
   const int slot0 = 2 * gc0 + (fc_g == fc_unit_start(gc0, {cnt}, gridDim.x) / {grp} ? 0 : 1);
   volatile int* flag = reinterpret_cast<volatile int*>(fc_smem + {p.scratch_off});
+  const FcEpi epi{{{ptrs}, {n}, {m}, fc_g * {half}}};
 """
-    tail = (f"fc_ws, slot, fc_counters + fc_g, gc0, gc1, slot0, fc_u == fc_u1 - 1, flag);\n}}")
-    args = f"{ctx.ptr(y)}, {bias}, {n}, {m}, fc_g * {p.rows}, gc0 == gc1, "
+    tail = "epi, gc0 == gc1, fc_ws, slot, fc_counters + fc_g, gc0, gc1, slot0, fc_u == fc_u1 - 1, flag);\n}"
     if p.path == "mma":
-        return head + (f"  fc_flush_mma<{256}, {p.nb}, {p.rows}, {p.max_batch}, {ct}>(fc_acc, "
-                       f"reinterpret_cast<float*>(fc_smem + {p.scratch_off + 16}), {args}"
-                       + tail)
-    return head + (f"  fc_flush_fma<{256}, {p.rows // 16}, {p.rows}, {p.max_batch}, {ct}>("
-                   f"fc_acc, {args}" + tail)
+        return head + (f"  fc_flush_mma<{256}, {p.nb}, {p.rows}, {p.max_batch}>(fc_acc, "
+                       f"reinterpret_cast<float*>(fc_smem + {p.scratch_off + 16}), " + tail)
+    return head + f"  fc_flush_fma<{256}, {p.rows // 16}, {p.rows}, {p.max_batch}>(fc_acc, " + tail
+
+
+def row_rms(op, ctx) -> str:
+    """The consumers' prologue for ``row_rms``: every CTA's 1 / rms of each batch row, in
+    shared memory (``fc_rms``), after the previous kernel (PDL) finished writing x."""
+    p = ctx.plan
+    x = op.operands[0]
+    ct, k = cnames.ctype(x.type.dtype), x.type.shape[1]
+    m = cnames.dim(x.type.shape[0])
+    return (f"float* const fc_rms = reinterpret_cast<float*>(fc_smem + {p.rms_off});\n"
+            "fc_grid_dependency_wait();  // PDL: x from the previous kernel\n"
+            f"fc_row_rms<256, {p.max_batch}, {ct}>({ctx.ptr(x)}, {m}, {k}, "
+            f"{op.attr('eps')!r}f, fc_rms + {p.max_batch}, fc_rms);\n"
+            "fc_consumer_sync<256>();\n")
 
 
 def _counter(op, ctx) -> str:

@@ -35,7 +35,7 @@ from fusionc.ir.printer import print_graph
 from fusionc.ir.types import DType
 
 CONSUMERS = 256           # consumer threads (8 warps): the thread maps of templates/lib/stream
-TOP_LEVEL = ("acc_alloc", "ring_alloc", "units")
+TOP_LEVEL = ("acc_alloc", "ring_alloc", "row_rms", "units")
 COUNTER_TIMEOUT_NS = 2_000_000_000
 
 
@@ -52,8 +52,11 @@ class StreamPlan:
     max_batch: int
     counters: dict = field(default_factory=dict)   # name -> (first word, words)
     words: int = 0               # counter words in all (error word last)
+    split: int = 0               # paired gate/up tiles: the up rows' offset
     smem: int = 0
     scratch_off: int = 0
+    rms_off: int = 0             # row_rms: max_batch floats, then 8 x max_batch (reduction)
+    gamma_off: int = 0           # acc_gemv's norm weight, whole K chunks
 
     @property
     def group(self) -> int:
@@ -91,7 +94,7 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
     for op in kernel.body:
         if op.name not in TOP_LEVEL:
             raise CompileError("op outside the units region of a streamed kernel",
-                               op=op.name, loc=op.loc, valid="acc_alloc, ring_alloc, units")
+                               op=op.name, loc=op.loc, valid=", ".join(TOP_LEVEL))
     units = units_op(kernel)
     ring = next((op for op in kernel.body if op.name == "ring_alloc"), None)
     gemvs = [op for op in units.regions[0] if op.name == "acc_gemv"]
@@ -114,7 +117,7 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
                            valid="max_batch <= 16 (batch rows in registers)")
     if ring is not None and check:
         _check_protocol(units, ring)
-    p = StreamPlan(kernel, units, ring, path, rows, cols, mb)
+    p = StreamPlan(kernel, units, ring, path, rows, cols, mb, split=g.attr("split"))
     if kernel.attr("threads") != p.threads:
         raise CompileError(f"{kernel.attr('threads')} threads", op=kernel.name, loc=kernel.loc,
                            valid=f"{p.threads}: {CONSUMERS} consumer threads" +
@@ -177,7 +180,19 @@ def _plan_smem(p: StreamPlan) -> None:
     off = -(-off // 16) * 16
     p.scratch_off = off
     off += 16 + (4 * 32 * 4 * p.nb * 4 if p.path == "mma" else 0)
+    p.rms_off = off
+    if any(op.name == "row_rms" for op in p.kernel.body):
+        off += 4 * p.max_batch + 4 * (CONSUMERS // 32) * p.max_batch   # fc_rms, its reduction
+    p.gamma_off = off = -(-off // 16) * 16
+    gemv = next(op for op in p.units.regions[0] if op.name == "acc_gemv")
+    if len(gemv.operands) == 4:
+        off += gamma_elems(p, gemv) * gemv.operands[3].type.dtype.itemsize
     p.smem = off
+
+
+def gamma_elems(p: StreamPlan, gemv: Op) -> int:
+    """Elements of the norm weight in shared memory: whole K chunks (zeros past K)."""
+    return -(-gemv.attr("k") // p.cols) * p.cols
 
 
 def workspace_floats(p: StreamPlan) -> int:
@@ -198,6 +213,9 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
     refs = {kp.value.name: kp.name for kp in params if kp.kind == "tensor"}
     ctx = ops_stream.StreamCtx(p, refs)
     prod, cons = [], []
+    for op in p.kernel.body:
+        if op.name == "row_rms":
+            ctx.consumer_setup += ops_stream.row_rms(op, ctx)
     for op in p.units.regions[0]:
         code = ops_stream.emit(op, ctx)
         (prod if in_producer(op) else cons).append(_block(op, code))
@@ -205,12 +223,12 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
     ring = ring_geometry(p.ring) if p.ring is not None else None
     source = render(
         "streamed.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
-        ir_lines=print_graph(kernel).splitlines(), libs=libs.render_libs({"mma", "stream"}),
+        ir_lines=print_graph(kernel).splitlines(), libs=libs.render_libs({"mma", "stream", "stream_flush"}),
         name=name, params=[kp.decl for kp in params], threads=p.threads, smem=p.smem,
         count=p.count, group=p.group, ring=ring, producer=p.producer,
         producer_setup=ctx.producer_setup, consumer_setup=ctx.consumer_setup,
         producer_body="\n".join(prod), consumer_body="\n".join(cons),
-        scratch_off=p.scratch_off, consumers=CONSUMERS,
+        scratch_off=p.scratch_off, consumers=CONSUMERS, epilogue=ctx.epilogue,
         stage_decls=ops_stream.stage_decls(ctx) if p.ring is not None else "") + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=kernel.attr("grid"),
                         cluster=1, threads=p.threads, smem_bytes=p.smem, params=tuple(params),
@@ -237,7 +255,8 @@ def _params(kernel: Graph, p: StreamPlan) -> list[KernelParam]:
     issues = [op for op in p.units.regions[0] if op.name == "ring_issue"]
     geo = ring_geometry(p.ring) if p.ring is not None else None
     for op in issues:
-        for v, rows in ((op.operands[1], geo.rows), (op.operands[2], geo.xbox_rows)):
+        wbox = geo.rows // 2 if op.attr("split") else geo.rows
+        for v, rows in ((op.operands[1], wbox), (op.operands[2], geo.xbox_rows)):
             if any(kp.name == tmap(v) for kp in out):
                 continue
             out.append(KernelParam(tmap(v), "tensormap",

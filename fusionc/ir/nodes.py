@@ -180,3 +180,12 @@ class Module:
     def _repr_pretty_(self, p, cycle) -> None:
         from fusionc.display import module_text
         p.text("..." if cycle else module_text(self))
+
+
+def users(g: "Graph") -> dict[str, list["Op"]]:
+    """Value name -> the top-level ops of graph ``g`` that read it, in program order."""
+    out: dict[str, list[Op]] = {}
+    for op in g.body:
+        for v in op.operands:
+            out.setdefault(v.name, []).append(op)
+    return out

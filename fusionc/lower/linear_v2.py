@@ -46,7 +46,8 @@ def check_linear(op: Op, max_batch: int) -> None:
                                   "(max_batch <= 16), or lowering='v1'")
 
 
-def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None) -> Graph:
+def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
+                 spec=None) -> Graph:
     """The plain streamed kernel of linear ``op`` (``acc_gemv`` on global tiles).
 
     Args:
@@ -55,31 +56,60 @@ def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None) -> 
         max_batch: the batch bucket (rows of the accumulators, <= 16).
         grid: the largest grid the kernel is launched on (workspace slots); default one CTA
             per SM of an H200. The runtime launches min(resident CTAs, units, grid).
+        spec: what the kernel absorbs (:class:`fusionc.lower.match_v2.LinearKernel`): an
+            RMSNorm prologue, paired gate/up tiles, epilogue steps; default none.
     Raises:
         LoweringError: shapes the v2 linear does not take (:func:`check_linear`).
     """
+    from fusionc.lower.match_v2 import LinearKernel
+    spec = spec or LinearKernel(op, out=op.result)
     x, w = op.operands[0], op.operands[1]
     if isinstance(x.type.shape[0], int):   # a static batch sizes the kernel itself
         max_batch = max(max_batch, x.type.shape[0])
     check_linear(op, max_batch)
     bias = op.operands[2] if len(op.operands) == 3 else None
-    y = op.result
+    y = spec.out
     n, k = w.type.shape
     cols = tile_cols(w.type.dtype)
     kt = -(-k // cols)
-    count = -(-n // ROWS) * kt
+    half = ROWS // 2 if spec.split else ROWS
+    count = -(-(spec.split or n) // half) * kt
     b = KernelBuilder(name, op.loc)
-    px, pw = b.param(x), b.param(w)
-    pb = b.param(bias) if bias is not None else None
+    steps, extras = [], []
+    if spec.norm is not None:
+        x0, gamma = spec.norm.operands[0], spec.norm.operands[1]
+        px, pg = b.param(x0), b.param(gamma)
+    else:
+        px, pg = b.param(x), None
+    pw = b.param(w)
+    if bias is not None:
+        steps.append("bias")
+        extras.append(b.param(bias))
+    if spec.split:
+        steps.append("silu_mul")
+    for s, t in zip(spec.steps, _with_operands(spec)):
+        steps.append(s)
+        if t is not None:
+            extras.append(b.param(t))
     py = b.output(y, pure=True)
-    batch = x.type.shape[0]
+    batch = px.type.shape[0]
+    if spec.norm is not None:
+        r = b.op("row_rms", px, eps=spec.norm.attr("eps"), hint="rms", loc=spec.norm.loc)
+        steps.insert(0, "rms")
+        extras.insert(0, r)
     acc = b.op("acc_alloc", types=[TensorType(DType.f32, (batch, ROWS))], hint="acc")
     with _units(b, count, kt):
-        b.op("acc_gemv", acc, px, pw, rows=ROWS, cols=cols, n=n, k=k, loc=op.loc)
-        flush = (acc, py) if pb is None else (acc, py, pb)
-        b.op("group_flush", *flush, rows=ROWS, loc=op.loc)
+        gemv = (acc, px, pw) + ((pg,) if pg is not None else ())
+        b.op("acc_gemv", *gemv, rows=ROWS, cols=cols, n=n, k=k, split=spec.split, loc=op.loc)
+        b.op("group_flush", acc, py, *extras, rows=ROWS, epilogue=",".join(steps), loc=op.loc)
     grid = min(count, grid or H200.sms)
     return b.build(grid=grid, cluster=1, threads=256, max_batch=max_batch)
+
+
+def _with_operands(spec):
+    """Each epilogue step of ``spec`` with its operand (None for silu)."""
+    ops = iter(spec.operands)
+    return [next(ops) if s in ("add", "mul") else None for s in spec.steps]
 
 
 class _units:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusionc.ir.nodes import Graph, Module, Op, Value
+from fusionc.ir.nodes import Graph, Module, Op, Value, users as value_users
 from fusionc.ir.registry import lookup
 from fusionc.passes.base import Pass, register_pass
 
@@ -30,7 +30,7 @@ class FuseAllReduceNorm(Pass):
 
     def rewrite(self, g: Graph) -> Graph:
         """``g`` with every matched all_reduce → add → rms_norm chain fused."""
-        users = _users(g)
+        users = value_users(g)
         body, dropped, taken = list(g.body), set(), set()
         for ar in g.body:
             m = _match(ar, users, g.outputs)
@@ -57,14 +57,6 @@ class FuseAllReduceNorm(Pass):
 def _defined_before(v: Value, g: Graph, ops: list[Op]) -> bool:
     return any(p.name == v.name for p in g.params) or \
         any(r.name == v.name for op in ops for r in op.results)
-
-
-def _users(g: Graph) -> dict[str, list[Op]]:
-    out: dict[str, list[Op]] = {}
-    for op in g.body:
-        for v in op.operands:
-            out.setdefault(v.name, []).append(op)
-    return out
 
 
 def _match(ar: Op, users: dict, outputs: tuple[Value, ...]):

@@ -67,36 +67,55 @@ class PartitionUnits(Pass):
     grid: int = 0
 
     def run(self, module: Module) -> Module:
-        from fusionc.lower.linear_v2 import lower_linear
         items = [g for g in module.graphs if g.kind == "kernel"]
         hosts = []
         for g in module.graphs:
-            if g.kind != "graph":
-                continue
-            body = []
-            for i, op in enumerate(g.body):
-                if op.name == "launch":
-                    raise PassError("the graph is already lowered (it launches kernels)",
-                                    op=self.name, loc=op.loc,
-                                    valid="partition-units once, on graph IR")
-                if op.name != "linear":
-                    raise LoweringError("not lowered by lowering v2 yet", op=op.name, loc=op.loc,
-                                        valid="graphs of linear layers on lowering='v2'; "
-                                              "attention and MLP blocks on lowering='v1'")
-                params = {p.name for p in g.params}
-                if op.operands[1].name not in params:
-                    raise LoweringError(f"the weight %{op.operands[1].name} is computed in "
-                                        "the graph", op=op.name, loc=op.loc,
-                                        valid="weights that are graph inputs on lowering v2 "
-                                              "(their first tiles stream before the previous "
-                                              "kernel finished)")
-                k = lower_linear(op, _kernel_name(g, i, module), self.max_batch,
-                                 self.grid or None)
-                items.append(k)
-                body.append(_op("launch", op.operands, (op.result,), op.loc,
-                                kernel=SymbolRef(k.name)))
-            hosts.append(g.replace(body=tuple(body)))
+            if g.kind == "graph":
+                kernels, host = self.partition(g, module, len(items))
+                items += kernels
+                hosts.append(host)
         return Module(tuple(items + hosts))
+
+    def partition(self, g: Graph, module: Module, taken: int) -> tuple[list[Graph], Graph]:
+        """The kernels of graph ``g`` (:func:`fusionc.lower.match_v2.linear_kernels`) and ``g``
+        launching them; LoweringError for an op no kernel takes."""
+        from fusionc.lower.linear_v2 import lower_linear
+        from fusionc.lower.match_v2 import linear_kernels
+        specs = {id(k.linear): k for k in linear_kernels(g)}
+        folded = {id(o) for k in specs.values() for o in k.absorbed}
+        folded |= {id(k.norm) for k in specs.values() if k.norm is not None}
+        made = {p.name for p in g.params}
+        kernels, body = [], []
+        for i, op in enumerate(g.body):
+            if op.name == "launch":
+                raise PassError("the graph is already lowered (it launches kernels)",
+                                op=self.name, loc=op.loc, valid="partition-units once, on graph IR")
+            if id(op) in folded:
+                continue
+            if op.name != "linear":
+                raise LoweringError("not lowered by lowering v2 yet", op=op.name, loc=op.loc,
+                                    valid="linear layers with an rms_norm before them and "
+                                          "bias, silu, silu_mul (of a split), add, mul or cast "
+                                          "after them; attention blocks on lowering='v1'")
+            if op.operands[1].name not in {p.name for p in g.params}:
+                raise LoweringError(f"the weight %{op.operands[1].name} is computed in "
+                                    "the graph", op=op.name, loc=op.loc,
+                                    valid="weights that are graph inputs on lowering v2 "
+                                          "(their first tiles stream before the previous "
+                                          "kernel finished)")
+            k = lower_linear(op, _kernel_name(g, i, module), self.max_batch, self.grid or None,
+                             specs[id(op)])
+            ins = k.params[:len(k.params) - 1]
+            for v in ins:
+                if v.name not in made:
+                    raise LoweringError(f"%{v.name} is folded into another kernel, but "
+                                        "read here", op=op.name, loc=op.loc,
+                                        valid="values used by one kernel only, or graph inputs")
+            made.add(specs[id(op)].out.name)
+            kernels.append(k)
+            body.append(_op("launch", ins, (specs[id(op)].out,), op.loc,
+                            kernel=SymbolRef(k.name)))
+        return kernels, g.replace(body=tuple(body))
 
 
 def _kernel_name(g: Graph, i: int, module: Module) -> str:
@@ -125,7 +144,7 @@ class StreamPlan(Pass):
             return k
         body = list(units.regions[0])
         gemv = next(op for op in body if op.name == "acc_gemv")
-        acc, x, w = gemv.operands
+        acc, x, w = gemv.operands[:3]
         item = w.type.dtype.itemsize
         if (w.type.shape[1] * item) % 16:   # the plain-load path
             return k
@@ -137,9 +156,9 @@ class StreamPlan(Pass):
         tw = Value(ring.name + ".w", TensorType(w.type.dtype, (rows, cols)))
         tx = Value(ring.name + ".x", TensorType(w.type.dtype, (xrows, cols)))
         i = body.index(gemv)
-        body[i:i + 1] = [_op("ring_issue", (ring, w, x), loc=gemv.loc),
+        body[i:i + 1] = [_op("ring_issue", (ring, w, x), loc=gemv.loc, split=gemv.attr("split")),
                          _op("ring_stage", (ring,), (tw, tx), gemv.loc, rows=rows),
-                         gemv.replace(operands=(acc, tx, tw)),
+                         gemv.replace(operands=(acc, tx, tw) + gemv.operands[3:]),
                          _op("ring_release", (ring,), loc=gemv.loc)]
         top = list(k.body)
         top.insert(top.index(units), _op("ring_alloc", (), (ring,), gemv.loc, rows=rows))

@@ -141,7 +141,8 @@ class StreamCTA:
         g, step = divmod(u, self.grid.sched.group)
         rows, cols = ring.rows, ring.data.shape[2]
         data = np.zeros(ring.data.shape[1:], np.float32)
-        wt = self._read(op, op.operands[1].name, g * rows, rows, step * cols, cols, tma=True)
+        wt = self._wrows(op, op.operands[1].name, g, rows, op.attr("split"), step * cols, cols,
+                         tma=True)
         xt = self._read(op, op.operands[2].name, 0, ring.data.shape[1] - rows, step * cols,
                         cols, tma=True)
         data[:wt.shape[0], :wt.shape[1]] = wt
@@ -149,6 +150,21 @@ class StreamCTA:
         ring.issued[s] += 1
         self.grid.copies.append(Copy(ring, s, k, data, self.cta.gid))
         return ()
+
+    def _wrows(self, op, name, g, rows, split, c0, cols, tma=False) -> np.ndarray:
+        """Weight rows of group ``g``'s tile (both halves of a paired tile), zeros past N."""
+        if not split:
+            return self._pad(self._read(op, name, g * rows, rows, c0, cols, tma), rows, cols)
+        h = rows // 2
+        gate = self._read(op, name, g * h, min(h, max(0, split - g * h)), c0, cols, tma)
+        up = self._read(op, name, split + g * h, h, c0, cols, tma)
+        return np.concatenate([self._pad(gate, h, cols), self._pad(up, h, cols)])
+
+    @staticmethod
+    def _pad(t, rows, cols) -> np.ndarray:
+        out = np.zeros((rows, cols), np.float32)
+        out[:t.shape[0], :t.shape[1]] = t
+        return out
 
     def wait(self, op, args):
         ring = args[0]
@@ -219,19 +235,30 @@ class StreamCTA:
         return (np.zeros(op.result.type.concrete(self.cta.env), np.float32),)
 
     def acc_gemv(self, op, args):
-        acc, x, w = args
+        acc, x, w = args[:3]
         _, u = self.pos[self.role]
         g, step = divmod(u, self.grid.sched.group)
         rows, cols, n, k = (op.attr(a) for a in ("rows", "cols", "n", "k"))
         if isinstance(w, StageView):
             wt, xt = self.view(w, op), self.view(x, op)
         else:
-            wt = self._read(op, op.operands[2].name, g * rows, rows, step * cols, cols)
+            wt = self._wrows(op, op.operands[2].name, g, rows, op.attr("split"), step * cols,
+                             cols)
             xt = self._read(op, op.operands[1].name, 0, acc.shape[0], step * cols, cols)
-        nr, nc = max(0, min(rows, n - g * rows)), max(0, min(cols, k - step * cols))
+        nc = max(0, min(cols, k - step * cols))
         m = acc.shape[0]
-        acc[:m, :nr] += xt[:m, :nc].astype(np.float32) @ wt[:nr, :nc].astype(np.float32).T
+        xt = xt[:m, :nc].astype(np.float32)
+        if len(args) == 4:   # the norm weight: x · gamma, rounded to x's dtype
+            gamma = np.asarray(self.cta.memory.arrays[op.operands[3].name],
+                               np.float32)[step * cols:step * cols + nc]
+            xt = round_to(xt * gamma, op.operands[1].type.dtype).astype(np.float32)
+        acc[:m] += xt @ wt[:, :nc].astype(np.float32).T
         return ()
+
+    def row_rms(self, op, args):
+        x = self._read(op, op.operands[0].name, 0, 1 << 30, 0, 1 << 30).astype(np.float32)
+        ms = np.mean(x.astype(np.float64) ** 2, axis=1)
+        return ((1 / np.sqrt(ms + op.attr("eps"))).astype(np.float32),)
 
     def flush(self, op, args):
         acc = args[0]
@@ -252,15 +279,15 @@ class StreamCTA:
         return ()
 
     def _store(self, op, g, total, args):
+        from fusionc.stream import epilogue
         y = op.operands[1]
-        rows = op.attr("rows")
         arr = self.cta.memory.arrays[y.name]
-        nr = max(0, min(rows, arr.shape[1] - g * rows))
-        tile = total[:, :nr]
-        if len(args) == 3:
-            bias = self.cta.memory.arrays[op.operands[2].name]
-            tile = tile + np.asarray(bias, np.float32)[g * rows:g * rows + nr]
-        index = (slice(0, arr.shape[0]), slice(g * rows, g * rows + nr))
+        gemv = next(o for o in self.kernel.walk() if o.name == "acc_gemv")
+        extras = [self.cta.memory.arrays[v.name] if v.name in self.cta.memory.arrays
+                  else args[2 + i] for i, v in enumerate(op.operands[2:])]
+        tile, n0 = epilogue.apply(epilogue.parse(op.attr("epilogue")), total[:arr.shape[0]],
+                                  extras, g, op.attr("rows"), gemv.attr("split"), arr.shape[1])
+        index = (slice(0, arr.shape[0]), slice(n0, n0 + tile.shape[1]))
         self.cta.memory.write(y.name, index, round_to(tile, y.type.dtype), self.cta, op,
                               y.type.dtype)
 

@@ -17,6 +17,8 @@
     maps, 128-byte swizzle: :mod:`fusionc.stream.ring`): weight rows ``[g·rows, +rows)`` of
     ``%w`` and activation rows ``[0, xrows)`` of ``%x``, columns ``[s·cols, +cols)`` (unit
     ``u``: group ``g``, step ``s``); elements past N, K or the run-time batch arrive as zeros.
+    ``split = I``: a paired tile, rows ``[g·rows/2, +rows/2)`` then ``[I + g·rows/2, +rows/2)``
+    (four boxes of ``rows/2`` rows; the stage layout is that of one ``rows``-row box).
 ``%tw, %tx = ring_stage(%r) : dt[rows, cols], dt[xrows, cols]``
     Views of the current unit's stage (no code); reading them is legal only between
     ``ring_wait {barrier = full}`` and ``ring_release``.
@@ -120,7 +122,9 @@ register(OpDef("ring_claim", __doc__, ("ring",), (_parity,), lambda op: (), wher
                simulate=_sim("claim"), verify=_ring, traits=frozenset({"stream", "producer"})))
 register(OpDef("ring_wait", __doc__, ("ring",), (_parity,), lambda op: (), where=K,
                simulate=_sim("wait"), verify=_ring, traits=STREAM))
-register(OpDef("ring_issue", __doc__, ("ring", "w", "x"), (), _infer_issue, where=K,
+register(OpDef("ring_issue", __doc__, ("ring", "w", "x"),
+               (attr("split", NONNEG_INT, 0, omit=True, doc="paired tile: the up rows' offset"),),
+               _infer_issue, where=K,
                simulate=_sim("issue"), verify=_verify_issue, cost=_cost_issue,
                traits=frozenset({"stream", "producer"})))
 register(OpDef("ring_stage", __doc__, ("ring",), (attr("rows", POS_INT),), _infer_stage, where=K,

@@ -10,17 +10,27 @@
     ``count``. Only at the top level of a kernel, one per kernel.
 ``%acc = acc_alloc() : f32[B, rows]``
     An fp32 accumulator of one output tile (registers of the consumer threads), zero.
-``acc_gemv(%acc, %x, %w) {rows, cols, n, k}``
+``acc_gemv(%acc, %x, %w, %gamma?) {rows, cols, n, k, split = 0}``
     ``acc[b, r] += Σ_c x_t[b, c] · w_t[r, c]`` over the current unit's tile: rows
     ``[g·rows, +rows)`` of the ``[n, k]`` weight and columns ``[s·cols, +cols)``; elements past
     ``n`` or ``k`` count as 0. ``%x``/``%w`` are the global tensors (plain loads: weight rows
     TMA cannot copy) or the stage views of a ring (``ring_stage``). fp32 products and sums.
-``group_flush(%acc, %y, %bias?) {rows}``
+    ``split = I > 0``: a paired tile (gate and up rows of a fused ``[2I, k]`` weight): tile row
+    ``r < rows/2`` is weight row ``g·rows/2 + r`` and row ``rows/2 + r`` is ``I + g·rows/2 + r``.
+    ``%gamma: [k]`` (an RMSNorm weight): x's elements are first multiplied by ``gamma[c]`` and
+    rounded to x's dtype (the norm's per-column scale; its per-row scale is the flush's ``rms``).
+``%r = row_rms(%x) {eps} : f32[B]``
+    At the top level of a streamed kernel: each CTA computes ``r[b] = 1 / sqrt(mean_c x[b, c]²
+    + eps)`` (fp32) of the global ``[B, K]`` activations itself (RMSNorm, Zhang & Sennrich 2019,
+    eq. 4), after the previous kernel finished.
+``group_flush(%acc, %y, %extra*) {rows, epilogue = ""}``
     At the current group's last unit, or the CTA's last unit: the group's output tile
-    ``y[b, g·rows + r] = round(Σ_c acc_c[b, r] + bias[g·rows + r])``, the partial
-    accumulators of the group's contributing CTAs (:meth:`UnitSchedule.contributors`) added in
-    CTA order by the last to arrive (split-K over CTAs, deterministic; no CTA waits); then
-    ``acc`` is zero again. Rows past ``y``'s last dim are dropped.
+    ``y[b, g·rows + r] = round(epilogue(Σ_c acc_c[b, r]))``, the partial accumulators of the
+    group's contributing CTAs (:meth:`UnitSchedule.contributors`) added in CTA order by the last
+    to arrive (split-K over CTAs, deterministic; no CTA waits); then ``acc`` is zero again.
+    Columns past ``y``'s last dim are dropped. ``epilogue``: steps with one ``%extra`` operand
+    each where they take one (``rms``, ``bias``, ``silu``, ``silu_mul``, ``add``, ``mul``;
+    :mod:`fusionc.stream.epilogue`); with ``silu_mul`` the group writes ``rows/2`` columns.
 ``counter_signal() {name, slot = const|group|unit, index, warp = consumer|producer}``
     Release (GPU scope) then add 1 to counter ``name[slot]`` (slot = ``index``, or
     ``index + g``, or ``index + u``).
@@ -34,9 +44,9 @@
 from __future__ import annotations
 
 from fusionc.ir.ops.tile_memory import K, param_of
-from fusionc.ir.registry import (POS_INT, NONNEG_INT, STR, Cost, OpDef, attr, enum, fail,
+from fusionc.ir.registry import (FLOAT, POS_INT, NONNEG_INT, STR, Cost, OpDef, attr, enum, fail,
                                  register)
-from fusionc.ir.types import DType
+from fusionc.ir.types import DType, TensorType
 
 
 def _sim(method):
@@ -76,7 +86,13 @@ def _infer_acc(op):
 
 
 def _infer_gemv(op):
-    acc, x, w = (v.type for v in op.operands)
+    acc, x, w = (v.type for v in op.operands[:3])
+    split = op.attr("split")
+    if split and (op.attr("rows") % 2 or split >= op.attr("n")):
+        fail(op, f"split = {split} of {op.attr('n')} weight rows in tiles of {op.attr('rows')}",
+             "an even tile and 0 < split < n (the up rows' offset)")
+    if len(op.operands) == 4 and op.operands[3].type.shape != (op.attr("k"),):
+        fail(op, f"gamma {op.operands[3].type}", f"a norm weight of shape [{op.attr('k')}]")
     rows, cols, n, k = (op.attr(a) for a in ("rows", "cols", "n", "k"))
     if acc.dtype != DType.f32 or acc.rank != 2 or acc.shape[1] != rows or x.rank != 2:
         fail(op, f"accumulator {acc}", f"f32[B, {rows}]")
@@ -97,12 +113,35 @@ def _cost_gemv(op, env):
 
 
 def _infer_flush(op):
+    from fusionc.stream import epilogue
     acc, y = op.operands[0].type, op.operands[1].type
     if y.rank != 2 or acc.rank != 2 or acc.shape[0] != y.shape[0] or acc.shape[1] != op.attr("rows"):
         fail(op, f"accumulator {acc}, output {y}", "acc f32[B, rows] and y [B, N]")
-    if len(op.operands) == 3 and op.operands[2].type.shape != (y.shape[1],):
-        fail(op, f"bias {op.operands[2].type}", f"a bias of shape [{y.shape[1]}]")
+    steps = epilogue.parse(op.attr("epilogue"))
+    why = epilogue.problem(steps)
+    if why:
+        fail(op, f"epilogue {op.attr('epilogue')!r}: {why}",
+             "steps of " + ", ".join(epilogue.STEPS) + "; rms and bias before silu_mul")
+    extras = op.operands[2:]
+    if len(extras) != epilogue.operands(steps):
+        fail(op, f"{len(extras)} epilogue operands for {op.attr('epilogue')!r}",
+             f"{epilogue.operands(steps)}: one each for rms, bias, add and mul, in order")
+    for s, v in zip((s for s in steps if epilogue.STEPS[s]), extras):
+        t = v.type
+        ok = {"rms": t.rank == 1 and t.dtype == DType.f32 and t.shape[0] == y.shape[0],
+              "bias": t.rank == 1, "add": t.shape == y.shape, "mul": t.shape == y.shape}[s]
+        if not ok:
+            want = {"rms": f"f32[{y.shape[0]}] (row_rms)", "bias": "[N] (weight rows)",
+                    "add": f"{y.shape}", "mul": f"{y.shape}"}[s]
+            fail(op, f"{s} operand %{v.name}: {t}", want)
     return ()
+
+
+def _infer_rms(op):
+    x = op.operands[0].type
+    if x.rank != 2 or len(op.results) > 1:
+        fail(op, f"row_rms of {x}", "%r = row_rms(%x) : f32[B] of x [B, K]")
+    return (TensorType(DType.f32, (x.shape[0],)),)
 
 
 def _verify_flush(op, graph, module):
@@ -110,6 +149,12 @@ def _verify_flush(op, graph, module):
     from fusionc.ir.ops.tile_memory import _verify_store
     inside_units(op, graph)
     _verify_store(op.replace(operands=op.operands[1:]), graph, module)
+    from fusionc.stream import epilogue
+    gemv = next((o for o in graph.walk() if o.name == "acc_gemv"), None) if graph else None
+    if gemv is not None and epilogue.paired(epilogue.parse(op.attr("epilogue"))) != \
+            bool(gemv.attr("split")):
+        fail(op, f"epilogue {op.attr('epilogue')!r} with acc_gemv split = {gemv.attr('split')}",
+             "silu_mul exactly when the tiles are paired (acc_gemv split > 0)")
 
 
 def _verify_gemv(op, graph, module):
@@ -147,12 +192,17 @@ register(OpDef("units", __doc__, (),
                _infer_units, where=K, regions=1, simulate=_sim("units_outside"),
                verify=_verify_units, traits=frozenset({"units"})))
 register(OpDef("acc_alloc", __doc__, (), (), _infer_acc, where=K, simulate=_sim("acc_alloc")))
-register(OpDef("acc_gemv", __doc__, ("acc", "x", "w"),
+register(OpDef("acc_gemv", __doc__, ("acc", "x", "w", "gamma?"),
                (attr("rows", POS_INT), attr("cols", POS_INT), attr("n", POS_INT),
-                attr("k", POS_INT)),
+                attr("k", POS_INT), attr("split", NONNEG_INT, 0, omit=True,
+                                         doc="paired gate/up tile: the up rows' offset")),
                _infer_gemv, where=K, simulate=_sim("acc_gemv"), verify=_verify_gemv,
                cost=_cost_gemv, traits=frozenset({"accumulates"})))
-register(OpDef("group_flush", __doc__, ("acc", "y", "bias?"), (attr("rows", POS_INT),),
+register(OpDef("row_rms", __doc__, ("x",), (attr("eps", FLOAT),), _infer_rms, where=K,
+               simulate=_sim("row_rms")))
+register(OpDef("group_flush", __doc__, ("acc", "y", "extra*"),
+               (attr("rows", POS_INT), attr("epilogue", STR, "", omit=True,
+                                            doc="steps, comma-separated")),
                _infer_flush, where=K, simulate=_sim("flush"), verify=_verify_flush,
                traits=frozenset({"accumulates"})))
 register(OpDef("counter_signal", __doc__, (), _slot, lambda op: (), where=K,

@@ -1,0 +1,120 @@
+"""Which graph ops a design-v2 linear kernel absorbs: an RMSNorm prologue and an epilogue chain.
+
+For each ``linear`` of a graph, in program order (:func:`linear_kernels`):
+
+- **prologue**: its x is ``rms_norm(x0, gamma)`` whose every use is the x of a linear (and not
+  a graph output): the kernel reads x0 and applies the norm itself (``row_rms`` per CTA, gamma
+  on the activation tile, the row scale in the flush), so the normed tensor never exists;
+- **pair**: its result feeds only ``split`` into two equal halves whose only use is one
+  ``silu_mul(gate, up)`` (or ``mul(silu(gate), up)``): one kernel with paired gate/up tiles
+  writes the SwiGLU output (the fused ``w_gate_up`` form of ``fusionc.models.blocks``);
+- **epilogue**: then, while the value has one use and is not a graph output, ``silu``,
+  ``cast``, and ``add`` / ``mul`` with a tensor of the same shape that exists before the linear
+  runs (a graph input or an earlier kernel's output) join the flush.
+
+What a kernel absorbs is never materialized; every other op must itself be a kernel's output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fusionc.ir.nodes import Graph, Op, Value, users
+
+
+@dataclass
+class LinearKernel:
+    """One v2 linear kernel: the ``linear`` op, what it absorbed, its output value."""
+
+    linear: Op
+    norm: Op | None = None            # rms_norm prologue
+    split: int = 0                    # paired gate/up tiles: the up rows' offset
+    steps: list = field(default_factory=list)     # epilogue steps after bias / silu_mul
+    operands: list = field(default_factory=list)  # their tensors, in order
+    out: Value | None = None
+    absorbed: list = field(default_factory=list)  # graph ops folded in (not the linear)
+
+
+def _only_use(name: str, use: dict, outputs: set) -> Op | None:
+    u = use.get(name, [])
+    return u[0] if len(u) == 1 and name not in outputs else None
+
+
+def linear_kernels(g: Graph) -> list[LinearKernel]:
+    """The v2 linear kernels of graph ``g`` (see the module docstring), in program order."""
+    use, outputs = users(g), {v.name for v in g.outputs}
+    order = {r.name: i for i, op in enumerate(g.body) for r in op.results}
+    absorbed: set[int] = set()
+    out = []
+    for i, op in enumerate(g.body):
+        if op.name != "linear":
+            continue
+        k = LinearKernel(op)
+        k.norm = _prologue(g, op, use, outputs)
+        cur = op.result
+        pair = _pair(cur, use, outputs)
+        if pair is not None:
+            k.split, cur = op.operands[1].type.shape[0] // 2, pair[-1].result
+            k.absorbed += pair
+        while True:
+            nxt = _only_use(cur.name, use, outputs)
+            step = _epilogue_step(nxt, cur, order, i) if nxt is not None else None
+            if step is None:
+                break
+            name, operand = step
+            if name != "cast":
+                k.steps.append(name)
+                if operand is not None:
+                    k.operands.append(operand)
+            k.absorbed.append(nxt)
+            cur = nxt.result
+        k.out = cur
+        absorbed |= {id(o) for o in k.absorbed}
+        out.append(k)
+    return out
+
+
+def _prologue(g: Graph, op: Op, use: dict, outputs: set) -> Op | None:
+    x = op.operands[0]
+    d = next((o for o in g.body if any(r.name == x.name for r in o.results)), None)
+    if d is None or d.name != "rms_norm" or x.name in outputs or d.operands[0].type.rank != 2:
+        return None
+    if all(u.name == "linear" and u.operands[0].name == x.name for u in use.get(x.name, [])):
+        return d
+    return None
+
+
+def _pair(cur: Value, use: dict, outputs: set) -> list[Op] | None:
+    """[split, (silu,) silu_mul | mul] when ``cur`` is only split into gate/up for SwiGLU."""
+    s = _only_use(cur.name, use, outputs)
+    if s is None or s.name != "split" or len(s.results) != 2:
+        return None
+    gate, up = s.results
+    if gate.type != up.type or cur.type.rank != 2:
+        return None
+    ug, uu = _only_use(gate.name, use, outputs), _only_use(up.name, use, outputs)
+    if ug is not None and ug is uu and ug.name == "silu_mul" and \
+            [v.name for v in ug.operands] == [gate.name, up.name]:
+        return [s, ug]
+    if ug is not None and ug.name == "silu" and uu is not None and uu.name == "mul":
+        act = ug.result
+        if _only_use(act.name, use, outputs) is uu and \
+                {v.name for v in uu.operands} == {act.name, up.name}:
+            return [s, ug, uu]
+    return None
+
+
+def _epilogue_step(nxt: Op, cur: Value, order: dict, at: int):
+    """(step, operand) when ``nxt`` can join the flush of the value ``cur``, else None."""
+    if nxt.name in ("silu",):
+        return nxt.name, None
+    if nxt.name == "cast" and nxt.result.type.rank == 2:
+        return "cast", None
+    if nxt.name in ("add", "mul") and len(nxt.operands) == 2:
+        a, b = nxt.operands
+        other = b if a.name == cur.name else a
+        if other.name == cur.name or other.type.shape != cur.type.shape:
+            return None
+        if other.name in order and order[other.name] >= at:   # computed after the linear
+            return None
+        return nxt.name, other
+    return None

@@ -1,0 +1,171 @@
+"""Graphs of norm / linear / elementwise ops on design v2: what ``partition-units`` folds into a
+linear kernel (an RMSNorm prologue, paired gate/up tiles, epilogue steps), before/after checks,
+``simulate(lower(g)) ≈ interpret(g)`` over the example graphs and over random chains
+(hypothesis), the errors, and NVRTC builds of each consumer path with a prologue."""
+# no `from __future__ import annotations`: the DSL evaluates the annotations
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import fusionc as fc
+from fusionc.errors import LoweringError, VerifyError
+from fusionc.interp import interpret
+from fusionc.ir import Module, parse_module
+from fusionc.passes import run_pipeline
+from fusionc.passes.stream import v2_pipeline
+from fusionc.sim import simulate
+from tests.passes.graphs import example, inputs, rel_err
+
+
+def kernels(m: Module):
+    return [g for g in m.graphs if g.kind == "kernel"]
+
+
+def region(k) -> list[str]:
+    units = next(op for op in k.body if op.name == "units")
+    return [op.name for op in k.body] + ["|"] + [op.name for op in units.regions[0]]
+
+
+def test_mlp_becomes_two_kernels_with_prologue_pair_and_residual():
+    m = run_pipeline(example("graphs_v2", hidden=256, inter=200), "partition-units{max_batch=4}")
+    k1, k2 = kernels(Module(tuple(g for g in m.graphs if g.name.startswith("mlp_k"))))
+    assert region(k1) == ["row_rms", "acc_alloc", "units", "|", "acc_gemv", "group_flush"]
+    gemv, flush = next(op for op in k1.body if op.name == "units").regions[0]
+    assert len(gemv.operands) == 4 and gemv.attr("split") == 200   # gamma; up rows at 200
+    assert flush.attr("epilogue") == "rms,silu_mul"
+    assert next(op for op in k1.body if op.name == "units").attr("count") == 7 * 2  # ⌈200/32⌉·2
+    flush2 = next(op for op in k2.body if op.name == "units").regions[0][-1]
+    assert flush2.attr("epilogue") == "add" and flush2.operands[2].name == "x"
+    assert [op.name for op in m["mlp"].body] == ["launch", "launch"]
+
+
+def test_separate_gate_and_up_weights_fold_silu_then_mul():
+    m = run_pipeline(example("graphs_v2", hidden=256, inter=200), "partition-units{max_batch=2}")
+    flushes = [next(op for op in k.body if op.name == "units").regions[0][-1]
+               for k in kernels(m) if k.name.startswith("swiglu_k")]
+    assert [f.attr("epilogue") for f in flushes] == ["silu", "mul"]
+
+
+@settings(max_examples=8, deadline=None)
+@given(graph=st.sampled_from(["swiglu", "norm_silu", "mlp", "mlp_shard", "linear", "chain"]),
+       hidden=st.sampled_from([128, 256, 520, 1003]), inter=st.sampled_from([64, 200, 328]),
+       dtype=st.sampled_from(["f16", "bf16", "f32"]), batch=st.integers(1, 5),
+       seed=st.integers(0, 2**16))
+def test_example_graphs_simulate_like_the_interpreter(graph, hidden, inter, dtype, batch, seed):
+    m = example("graphs_v2", hidden=hidden, inter=inter, dtype=dtype)
+    g = Module((m[graph],))
+    low = run_pipeline(g, v2_pipeline(batch))
+    args = inputs(m[graph], batch, [], np.random.default_rng(seed))
+    ref, = interpret(g, args)
+    out, = simulate(low, args)
+    assert rel_err(out, ref) <= (1e-4 if dtype == "f32" else 1e-2)
+
+
+STEPS = st.lists(st.sampled_from(["silu", "add", "mul"]), max_size=3)
+
+
+@settings(max_examples=15, deadline=None)
+@given(norm=st.booleans(), bias=st.booleans(), pair=st.sampled_from([None, "silu_mul", "mul"]),
+       steps=STEPS, cast=st.booleans(), n=st.sampled_from([40, 64, 130]),
+       k=st.sampled_from([64, 136, 260]), dtype=st.sampled_from(["f16", "bf16"]),
+       batch=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_random_chains_fold_into_one_kernel(norm, bias, pair, steps, cast, n, k, dtype, batch,
+                                            seed):
+    """rms_norm? → linear(+bias?) → (split → SwiGLU)? → silu / add / mul steps → cast?: one
+    kernel, and it computes what the interpreter does."""
+    T = fc.dtype(dtype)
+    rows = 2 * n if pair else n
+
+    def body(x, g, w, b, t):
+        h = fc.rms_norm(x, g, 1e-5, name="h") if norm else x
+        y = fc.linear(h, w, b, name="y") if bias else fc.linear(h, w, name="y")
+        if pair:
+            gate, up = fc.split(y, [n, n], name=("gate", "up"))
+            y = fc.silu_mul(gate, up) if pair == "silu_mul" else fc.silu(gate) * up
+        for s in steps:
+            y = fc.silu(y) if s == "silu" else (y + t if s == "add" else y * t)
+        return fc.cast(y, "f32") if cast else y
+
+    g = fc.graph(body, name="chain", x=T["B", k], g=T[k], w=T[rows, k], b=T[rows], t=T["B", n])
+    low = run_pipeline(g, v2_pipeline(batch))
+    assert len(kernels(low)) == 1
+    rng = np.random.default_rng(seed)
+    args = {"x": rng.standard_normal((batch, k)), "g": 1 + 0.2 * rng.standard_normal(k),
+            "w": rng.standard_normal((rows, k)) / np.sqrt(k), "b": rng.standard_normal(rows),
+            "t": rng.standard_normal((batch, n))}
+    args = {a: v for a, v in args.items() if a in {p.name for p in g.graphs[0].params}}
+    ref, = interpret(g, args)
+    out, = simulate(low, args)
+    assert rel_err(out, ref) <= 1e-2
+
+
+def test_a_norm_with_other_uses_is_refused_by_name():
+    @fc.graph
+    def g(x: fc.f16["B", 64], s: fc.f16[64], w: fc.f16[64, 64]):
+        h = fc.rms_norm(x, s, 1e-5, name="h")
+        return fc.linear(h, w, name="y") + h
+    with pytest.raises(LoweringError, match="rms_norm.*not lowered by lowering v2"):
+        run_pipeline(g, v2_pipeline(2))
+
+
+def test_a_sum_of_two_linears_is_the_second_ones_epilogue():
+    @fc.graph
+    def g(x: fc.f16["B", 64], a: fc.f16[64, 64], b: fc.f16[64, 64]):
+        return fc.add(fc.linear(x, a, name="p"), fc.linear(x, b, name="q"))
+    low = run_pipeline(g, v2_pipeline(2))
+    flushes = [next(op for op in k.body if op.name == "units").regions[0][-1]
+               for k in kernels(low)]
+    assert [f.attr("epilogue") for f in flushes] == ["", "add"]
+    rng = np.random.default_rng(0)
+    args = {"x": rng.standard_normal((2, 64)), "a": rng.standard_normal((64, 64)) / 8,
+            "b": rng.standard_normal((64, 64)) / 8}
+    assert rel_err(simulate(low, args)[0], interpret(g, args)[0]) <= 1e-2
+
+
+def test_an_elementwise_op_without_a_linear_is_refused_by_name():
+    @fc.graph
+    def g(x: fc.f16["B", 64], w: fc.f16[64, 64]):
+        return fc.linear(fc.silu(x), w, name="y")
+    with pytest.raises(LoweringError, match="'silu'.*not lowered by lowering v2"):
+        run_pipeline(g, v2_pipeline(2))
+
+
+FLUSH = """kernel @k {{grid = 4, cluster = 1, threads = 256, max_batch = 2}} (%x: f16[B, 128], %w: f16[64, 128], %t: f16[B, 64], %y: f16[B, 64]) {{
+  %acc = acc_alloc() : f32[B, 64]
+  units() {{count = 1, group = 1}} ({{
+    acc_gemv(%acc, %x, %w) {{rows = 64, cols = 128, n = 64, k = 128}}
+    group_flush(%acc, %y{extra}) {{rows = 64, epilogue = "{epi}"}}
+  }})
+  return %y
+}}
+"""
+
+
+@pytest.mark.parametrize("extra, epi, msg", [
+    ("", "gelu", "unknown step 'gelu'"),
+    ("", "add", "0 epilogue operands"),
+    (", %t", "silu_mul,bias", "bias after silu_mul"),
+    (", %t, %t", "add,mul,silu_mul", "add before silu_mul"),
+    (", %x", "add", "add operand %x"),
+])
+def test_bad_epilogues_are_named(extra, epi, msg):
+    with pytest.raises(VerifyError, match=msg):
+        parse_module(FLUSH.format(extra=extra, epi=epi))
+
+
+@pytest.mark.parametrize("hidden, inter, dtype, mb", [(4096, 1000, "bf16", 16),
+                                                      (512, 328, "f32", 4),
+                                                      (1003, 500, "f16", 8)])
+def test_each_path_with_a_norm_prologue_compiles(hidden, inter, dtype, mb):
+    """mma (16-bit, 2+ rows), FMA (f32) and plain loads (rows TMA cannot copy)."""
+    from fusionc.codegen.compile import compile_kernel
+    m = run_pipeline(Module((example("graphs_v2", hidden=hidden, inter=inter,
+                                     dtype=dtype)["mlp"],)), v2_pipeline(mb))
+    for k in kernels(m):
+        ck = compile_kernel(k)
+        assert ck.spills == 0 and ck.cubin
+
+
+def test_silu_mul_needs_paired_tiles():
+    with pytest.raises(VerifyError, match="silu_mul exactly when the tiles are paired"):
+        parse_module(FLUSH.format(extra="", epi="silu_mul"))
