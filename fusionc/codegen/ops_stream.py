@@ -156,20 +156,21 @@ def _gemv(op, ctx):
     ct, v = cnames.ctype(dt), 16 // dt.itemsize
     n, k = op.attr("n"), op.attr("k")
     m = cnames.dim(acc.type.shape[0])
-    gamma = _stage_gamma(op, ctx, ct) if len(op.operands) == 4 else "nullptr"
+    gamma = _stage_gamma(op, ctx, ct) if len(op.operands) == 5 else "nullptr"
+    rms = "fc_rms" if len(op.operands) == 5 else "nullptr"
     _acc_decl(ctx, acc)
     if p.path == "plain":
         if "fc_grid_dependency_wait" not in ctx.consumer_setup:
             ctx.consumer_setup += "fc_grid_dependency_wait();  // PDL: x from the previous kernel\n"
         return (f"fc_acc_fma_global<{p.rows // 16}, {p.max_batch}, {v}, {ct}>(fc_acc, "
-                f"{ctx.ptr(x)}, {ctx.ptr(w)}, {gamma}, {m}, {n}, {k}, fc_g, {p.rows}, "
+                f"{ctx.ptr(x)}, {ctx.ptr(w)}, {gamma}, {rms}, {m}, {n}, {k}, fc_g, {p.rows}, "
                 f"{op.attr('split')}, fc_s * {p.cols});")
     geo = _geo(ctx)
     if p.path == "mma":
         return (f"fc_acc_mma_smem<{p.nb}, {geo.rows}, {geo.xbox_rows}, {geo.cols}, {ct}>("
-                f"fc_acc, fc_sw, fc_sx, {gamma}, fc_s * {geo.cols}, {k});")
+                f"fc_acc, fc_sw, fc_sx, {gamma}, {rms}, fc_s * {geo.cols}, {k});")
     return (f"fc_acc_fma_smem<{p.rows // 16}, {p.max_batch}, {v}, {geo.rows}, {geo.xbox_rows}, "
-            f"{ct}>(fc_acc, fc_sw, fc_sx, {gamma}, {m}, fc_s * {geo.cols}, {k});")
+            f"{ct}>(fc_acc, fc_sw, fc_sx, {gamma}, {rms}, {m}, fc_s * {geo.cols}, {k});")
 
 
 def _stage_gamma(op, ctx, ct) -> str:
@@ -206,8 +207,7 @@ def _flush(op, ctx):
     n = y.type.shape[1]
     m = cnames.dim(y.type.shape[0])
     half = p.rows // 2 if epilogue.paired(steps) else p.rows
-    ptrs = ", ".join([ctx.ptr(y)] + ["fc_rms" if v.name not in ctx.refs else ctx.ptr(v)
-                                     for v in extras])
+    ptrs = ", ".join([ctx.ptr(y)] + [ctx.ptr(v) for v in extras])
     cnt, grp = p.count, p.group
     head = f"""if (fc_s == {grp - 1} || fc_u == fc_u1 - 1) {{  // the group's last unit here
   const int gc0 = fc_unit_cta(fc_g * {grp}, {cnt}, gridDim.x);
@@ -227,6 +227,7 @@ def _flush(op, ctx):
 def row_rms(op, ctx) -> str:
     """The consumers' prologue for ``row_rms``: every CTA's 1 / rms of each batch row, in
     shared memory (``fc_rms``), after the previous kernel (PDL) finished writing x."""
+    from fusionc.codegen.streamed import rms_rows
     p = ctx.plan
     x = op.operands[0]
     ct, k = cnames.ctype(x.type.dtype), x.type.shape[1]
@@ -234,7 +235,7 @@ def row_rms(op, ctx) -> str:
     return (f"float* const fc_rms = reinterpret_cast<float*>(fc_smem + {p.rms_off});\n"
             "fc_grid_dependency_wait();  // PDL: x from the previous kernel\n"
             f"fc_row_rms<256, {p.max_batch}, {ct}>({ctx.ptr(x)}, {m}, {k}, "
-            f"{op.attr('eps')!r}f, fc_rms + {p.max_batch}, fc_rms);\n"
+            f"{op.attr('eps')!r}f, fc_rms + {rms_rows(p)}, fc_rms);\n"
             "fc_consumer_sync<256>();\n")
 
 

@@ -102,6 +102,9 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
         raise CompileError(f"{len(gemvs)} acc_gemv ops in the units region", op="units",
                            loc=units.loc, valid="one acc_gemv per streamed kernel")
     g = gemvs[0]
+    if sum(op.name == "group_flush" for op in units.regions[0]) != 1:
+        raise CompileError("a streamed linear without one group_flush", op="units",
+                           loc=units.loc, valid="one group_flush (else y is never written)")
     rows, cols = g.attr("rows"), g.attr("cols")
     dt = g.operands[1].type.dtype
     v = 16 // dt.itemsize
@@ -182,12 +185,17 @@ def _plan_smem(p: StreamPlan) -> None:
     off += 16 + (4 * 32 * 4 * p.nb * 4 if p.path == "mma" else 0)
     p.rms_off = off
     if any(op.name == "row_rms" for op in p.kernel.body):
-        off += 4 * p.max_batch + 4 * (CONSUMERS // 32) * p.max_batch   # fc_rms, its reduction
+        off += 4 * rms_rows(p) + 4 * (CONSUMERS // 32) * p.max_batch   # fc_rms, its reduction
     p.gamma_off = off = -(-off // 16) * 16
     gemv = next(op for op in p.units.regions[0] if op.name == "acc_gemv")
-    if len(gemv.operands) == 4:
+    if len(gemv.operands) == 5:
         off += gamma_elems(p, gemv) * gemv.operands[3].type.dtype.itemsize
     p.smem = off
+
+
+def rms_rows(p: StreamPlan) -> int:
+    """Rows of ``fc_rms``: the batch bucket padded to whole mma n-tiles of 8 (zeros past M)."""
+    return -(-p.max_batch // 8) * 8
 
 
 def gamma_elems(p: StreamPlan, gemv: Op) -> int:

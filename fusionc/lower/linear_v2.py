@@ -85,21 +85,19 @@ def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
     if bias is not None:
         steps.append("bias")
         extras.append(b.param(bias))
-    if spec.split:
-        steps.append("silu_mul")
     for s, t in zip(spec.steps, _with_operands(spec)):
         steps.append(s)
         if t is not None:
             extras.append(b.param(t))
     py = b.output(y, pure=True)
     batch = px.type.shape[0]
+    norm = ()
     if spec.norm is not None:
-        r = b.op("row_rms", px, eps=spec.norm.attr("eps"), hint="rms", loc=spec.norm.loc)
-        steps.insert(0, "rms")
-        extras.insert(0, r)
+        norm = (pg, b.op("row_rms", px, eps=spec.norm.attr("eps"), hint="rms",
+                         loc=spec.norm.loc))
     acc = b.op("acc_alloc", types=[TensorType(DType.f32, (batch, ROWS))], hint="acc")
     with _units(b, count, kt):
-        gemv = (acc, px, pw) + ((pg,) if pg is not None else ())
+        gemv = (acc, px, pw) + norm
         b.op("acc_gemv", *gemv, rows=ROWS, cols=cols, n=n, k=k, split=spec.split, loc=op.loc)
         b.op("group_flush", acc, py, *extras, rows=ROWS, epilogue=",".join(steps), loc=op.loc)
     grid = min(count, grid or H200.sms)

@@ -3,22 +3,25 @@
 For each ``linear`` of a graph, in program order (:func:`linear_kernels`):
 
 - **prologue**: its x is ``rms_norm(x0, gamma)`` whose every use is the x of a linear (and not
-  a graph output): the kernel reads x0 and applies the norm itself (``row_rms`` per CTA, gamma
-  on the activation tile, the row scale in the flush), so the normed tensor never exists;
+  a graph output): the kernel reads x0 and applies the norm itself (``row_rms`` per CTA, then
+  ``round(x · r · gamma)`` on the activation tiles), so the normed tensor never exists;
 - **pair**: its result feeds only ``split`` into two equal halves whose only use is one
   ``silu_mul(gate, up)`` (or ``mul(silu(gate), up)``): one kernel with paired gate/up tiles
   writes the SwiGLU output (the fused ``w_gate_up`` form of ``fusionc.models.blocks``);
 - **epilogue**: then, while the value has one use and is not a graph output, ``silu``,
-  ``cast``, and ``add`` / ``mul`` with a tensor of the same shape that exists before the linear
+  ``cast`` to a float dtype, and ``add`` / ``mul`` with a tensor of the same shape that exists before the linear
   runs (a graph input or an earlier kernel's output) join the flush.
 
-What a kernel absorbs is never materialized; every other op must itself be a kernel's output.
+Each absorbed op reads its operand rounded to that value's dtype (a ``round_*`` step), as the
+graph computes it. What a kernel absorbs is never materialized; every other op must itself be a
+kernel's output.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from fusionc.ir.nodes import Graph, Op, Value, users
+from fusionc.ir.types import FLOAT_DTYPES
 
 
 @dataclass
@@ -28,7 +31,7 @@ class LinearKernel:
     linear: Op
     norm: Op | None = None            # rms_norm prologue
     split: int = 0                    # paired gate/up tiles: the up rows' offset
-    steps: list = field(default_factory=list)     # epilogue steps after bias / silu_mul
+    steps: list = field(default_factory=list)     # epilogue steps after the bias
     operands: list = field(default_factory=list)  # their tensors, in order
     out: Value | None = None
     absorbed: list = field(default_factory=list)  # graph ops folded in (not the linear)
@@ -43,7 +46,6 @@ def linear_kernels(g: Graph) -> list[LinearKernel]:
     """The v2 linear kernels of graph ``g`` (see the module docstring), in program order."""
     use, outputs = users(g), {v.name for v in g.outputs}
     order = {r.name: i for i, op in enumerate(g.body) for r in op.results}
-    absorbed: set[int] = set()
     out = []
     for i, op in enumerate(g.body):
         if op.name != "linear":
@@ -53,6 +55,8 @@ def linear_kernels(g: Graph) -> list[LinearKernel]:
         cur = op.result
         pair = _pair(cur, use, outputs)
         if pair is not None:
+            _round(k, cur)
+            k.steps.append("silu_mul")
             k.split, cur = op.operands[1].type.shape[0] // 2, pair[-1].result
             k.absorbed += pair
         while True:
@@ -61,6 +65,7 @@ def linear_kernels(g: Graph) -> list[LinearKernel]:
             if step is None:
                 break
             name, operand = step
+            _round(k, cur)   # the graph rounds every op's result to its dtype
             if name != "cast":
                 k.steps.append(name)
                 if operand is not None:
@@ -68,9 +73,14 @@ def linear_kernels(g: Graph) -> list[LinearKernel]:
             k.absorbed.append(nxt)
             cur = nxt.result
         k.out = cur
-        absorbed |= {id(o) for o in k.absorbed}
         out.append(k)
     return out
+
+
+def _round(k: LinearKernel, v: Value) -> None:
+    """A ``round_*`` step where the graph rounds ``v`` (16-bit) before the next op reads it."""
+    if v.type.dtype.value in ("f16", "bf16"):
+        k.steps.append(f"round_{v.type.dtype.value}")
 
 
 def _prologue(g: Graph, op: Op, use: dict, outputs: set) -> Op | None:
@@ -86,7 +96,8 @@ def _prologue(g: Graph, op: Op, use: dict, outputs: set) -> Op | None:
 def _pair(cur: Value, use: dict, outputs: set) -> list[Op] | None:
     """[split, (silu,) silu_mul | mul] when ``cur`` is only split into gate/up for SwiGLU."""
     s = _only_use(cur.name, use, outputs)
-    if s is None or s.name != "split" or len(s.results) != 2:
+    if s is None or s.name != "split" or len(s.results) != 2 or \
+            s.attr("axis") % cur.type.rank != cur.type.rank - 1:
         return None
     gate, up = s.results
     if gate.type != up.type or cur.type.rank != 2:
@@ -107,7 +118,7 @@ def _epilogue_step(nxt: Op, cur: Value, order: dict, at: int):
     """(step, operand) when ``nxt`` can join the flush of the value ``cur``, else None."""
     if nxt.name in ("silu",):
         return nxt.name, None
-    if nxt.name == "cast" and nxt.result.type.rank == 2:
+    if nxt.name == "cast" and nxt.result.type.dtype in FLOAT_DTYPES:
         return "cast", None
     if nxt.name in ("add", "mul") and len(nxt.operands) == 2:
         a, b = nxt.operands

@@ -248,10 +248,11 @@ class StreamCTA:
         nc = max(0, min(cols, k - step * cols))
         m = acc.shape[0]
         xt = xt[:m, :nc].astype(np.float32)
-        if len(args) == 4:   # the norm weight: x · gamma, rounded to x's dtype
+        if len(args) == 5:   # RMSNorm: x · r[b] · gamma, rounded to x's dtype
             gamma = np.asarray(self.cta.memory.arrays[op.operands[3].name],
                                np.float32)[step * cols:step * cols + nc]
-            xt = round_to(xt * gamma, op.operands[1].type.dtype).astype(np.float32)
+            r = np.asarray(args[4], np.float32)[:m, None]
+            xt = round_to(xt * r * gamma, op.operands[1].type.dtype).astype(np.float32)
         acc[:m] += xt @ wt[:, :nc].astype(np.float32).T
         return ()
 

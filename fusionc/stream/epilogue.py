@@ -7,21 +7,25 @@ of the tile holds gate rows ``[g·rows/2, +rows/2)`` and the second half the mat
 ``I + g·rows/2 + r``: output column ``n = g·rows/2 + r`` is ``silu(gate) · up`` (SwiGLU,
 Shazeer 2020, "GLU Variants Improve Transformer", eq. 6).
 
-Steps, in the order given (``epilogue = "rms,bias,silu_mul,add"``), each with its operand:
+Steps, in the order given (``epilogue = "bias,silu_mul,add"``), each with its operand:
 
-``rms``  (``%r: f32[B]`` from ``row_rms``)  v · r[b]   (RMSNorm's scale, Zhang & Sennrich 2019)
 ``bias`` (``%b: [N]``, weight-row indexed)   v + b[weight row]
 ``silu`` (none)                               v · sigmoid(v)
 ``silu_mul`` (none)                           silu(gate) · up: ends the weight-row steps
 ``add``  (``%t: [B, N]``)                     v + t[b, n]   (a residual)
 ``mul``  (``%t: [B, N]``)                     v · t[b, n]
+``round_f16``, ``round_bf16`` (none)          v rounded to that dtype, where the graph rounds
+                                              an op's result before the next op reads it
+
+(An RMSNorm before the linear is not a step: ``acc_gemv`` applies it to the activations.)
 """
 from __future__ import annotations
 
 import numpy as np
 
-STEPS = {"rms": 1, "bias": 1, "silu": 0, "silu_mul": 0, "add": 1, "mul": 1}
-ROW_STEPS = ("rms", "bias")          # weight-row indexed: only before silu_mul
+STEPS = {"bias": 1, "silu": 0, "silu_mul": 0, "add": 1, "mul": 1, "round_f16": 0,
+         "round_bf16": 0}
+ROW_STEPS = ("bias",)                # weight-row indexed: only before silu_mul
 
 
 def parse(text: str) -> tuple[str, ...]:
@@ -34,16 +38,16 @@ def problem(steps: tuple[str, ...]) -> str | None:
     bad = [s for s in steps if s not in STEPS]
     if bad:
         return f"unknown step {bad[0]!r}"
-    if steps.count("silu_mul") > 1 or steps.count("rms") > 1 or steps.count("bias") > 1:
-        return "silu_mul, rms and bias at most once each"
+    if steps.count("silu_mul") > 1 or steps.count("bias") > 1:
+        return "silu_mul and bias at most once each"
     if "silu_mul" in steps:
         at = steps.index("silu_mul")
         late = [s for s in steps[at:] if s in ROW_STEPS]
         if late:
             return f"{late[0]} after silu_mul (it is indexed by weight rows)"
-        early = [s for s in steps[:at] if s not in ROW_STEPS]
+        early = [s for s in steps[:at] if s not in ROW_STEPS and not s.startswith("round_")]
         if early:
-            return f"{early[0]} before silu_mul (only rms and bias act on the gate/up rows)"
+            return f"{early[0]} before silu_mul (only bias and round_* act on the gate/up rows)"
     return None
 
 
@@ -76,8 +80,10 @@ def apply(steps, tile: np.ndarray, extras: list, g: int, rows: int, split: int,
         wrow = np.concatenate([n0 + np.arange(half), split + n0 + np.arange(half)])
     v = tile.astype(np.float32)
     for s in steps:
-        if s == "rms":
-            v = v * np.asarray(next(ops), np.float32)[:v.shape[0], None]
+        if s.startswith("round_"):
+            from fusionc.interp.numerics import round_to
+            from fusionc.ir.types import DType
+            v = np.asarray(round_to(v, DType(s[6:])), np.float32)
         elif s == "bias":
             b = np.asarray(next(ops), np.float32)
             v = v + np.where(wrow < b.shape[0], b[np.minimum(wrow, b.shape[0] - 1)], 0)
@@ -99,15 +105,16 @@ def c_struct(steps, ctype_y: str, ctypes: list[str], split: int) -> str:
     order), ``N`` (output columns), ``M`` (batch rows), ``n0`` (the group's first column)."""
     fields = []
     for i, s in enumerate(s for s in steps if STEPS[s]):
-        fields.append(f"const {'float' if s == 'rms' else ctypes[i]}* o{i};")
+        fields.append(f"const {ctypes[i]}* o{i};")
     pre, post, seen_pair = [], [], False
     i = 0
     for s in steps:
         if s == "silu_mul":
             seen_pair = True
             continue
-        if s == "rms":
-            code = "v *= o{i}[b];"
+        if s.startswith("round_"):
+            code = {"round_f16": "v = fc_f32(fc_to<__half>(v));",
+                    "round_bf16": "v = fc_f32(fc_to<__nv_bfloat16>(v));"}[s]
         elif s == "bias":
             code = "v += fc_f32(o{i}[wr]);"
         elif s == "silu":

@@ -31,11 +31,11 @@ def test_mlp_becomes_two_kernels_with_prologue_pair_and_residual():
     k1, k2 = kernels(Module(tuple(g for g in m.graphs if g.name.startswith("mlp_k"))))
     assert region(k1) == ["row_rms", "acc_alloc", "units", "|", "acc_gemv", "group_flush"]
     gemv, flush = next(op for op in k1.body if op.name == "units").regions[0]
-    assert len(gemv.operands) == 4 and gemv.attr("split") == 200   # gamma; up rows at 200
-    assert flush.attr("epilogue") == "rms,silu_mul"
+    assert len(gemv.operands) == 5 and gemv.attr("split") == 200   # gamma, 1/rms; up at 200
+    assert flush.attr("epilogue") == "round_bf16,silu_mul"   # the graph rounds gate_up
     assert next(op for op in k1.body if op.name == "units").attr("count") == 7 * 2  # ⌈200/32⌉·2
     flush2 = next(op for op in k2.body if op.name == "units").regions[0][-1]
-    assert flush2.attr("epilogue") == "add" and flush2.operands[2].name == "x"
+    assert flush2.attr("epilogue") == "round_bf16,add" and flush2.operands[2].name == "x"
     assert [op.name for op in m["mlp"].body] == ["launch", "launch"]
 
 
@@ -43,7 +43,7 @@ def test_separate_gate_and_up_weights_fold_silu_then_mul():
     m = run_pipeline(example("graphs_v2", hidden=256, inter=200), "partition-units{max_batch=2}")
     flushes = [next(op for op in k.body if op.name == "units").regions[0][-1]
                for k in kernels(m) if k.name.startswith("swiglu_k")]
-    assert [f.attr("epilogue") for f in flushes] == ["silu", "mul"]
+    assert [f.attr("epilogue") for f in flushes] == ["round_bf16,silu", "round_bf16,mul"]
 
 
 @settings(max_examples=8, deadline=None)
@@ -115,7 +115,7 @@ def test_a_sum_of_two_linears_is_the_second_ones_epilogue():
     low = run_pipeline(g, v2_pipeline(2))
     flushes = [next(op for op in k.body if op.name == "units").regions[0][-1]
                for k in kernels(low)]
-    assert [f.attr("epilogue") for f in flushes] == ["", "add"]
+    assert [f.attr("epilogue") for f in flushes] == ["", "round_f16,add"]
     rng = np.random.default_rng(0)
     args = {"x": rng.standard_normal((2, 64)), "a": rng.standard_normal((64, 64)) / 8,
             "b": rng.standard_normal((64, 64)) / 8}
@@ -144,7 +144,7 @@ FLUSH = """kernel @k {{grid = 4, cluster = 1, threads = 256, max_batch = 2}} (%x
 @pytest.mark.parametrize("extra, epi, msg", [
     ("", "gelu", "unknown step 'gelu'"),
     ("", "add", "0 epilogue operands"),
-    (", %t", "silu_mul,bias", "bias after silu_mul"),
+    (", %t", "silu_mul,bias", "bias after silu_mul|bias f16\\[B, 64\\]"),
     (", %t, %t", "add,mul,silu_mul", "add before silu_mul"),
     (", %x", "add", "add operand %x"),
 ])
@@ -166,6 +166,69 @@ def test_each_path_with_a_norm_prologue_compiles(hidden, inter, dtype, mb):
         assert ck.spills == 0 and ck.cubin
 
 
+@pytest.mark.parametrize("extra, epi, msg", [
+    (", %y", "add", "add operand %y"),
+    (", %acc", "add", "add operand %acc"),
+])
+def test_flush_operands_are_kernel_inputs(extra, epi, msg):
+    with pytest.raises(VerifyError, match=msg):
+        parse_module(FLUSH.format(extra=extra, epi=epi))
+
+
+def test_row_rms_checks_its_eps_and_input():
+    text = FLUSH.format(extra="", epi="").replace(
+        "  %acc = acc_alloc()", "  %r = row_rms(%x) {eps = -1.0} : f32[B]\n  %acc = acc_alloc()")
+    with pytest.raises(VerifyError, match="eps = -1.0"):
+        parse_module(text)
+    with pytest.raises(VerifyError, match="row_rms of %y"):
+        parse_module(text.replace("row_rms(%x) {eps = -1.0}", "row_rms(%y) {eps = 1e-05}"))
+
+
 def test_silu_mul_needs_paired_tiles():
     with pytest.raises(VerifyError, match="silu_mul exactly when the tiles are paired"):
         parse_module(FLUSH.format(extra="", epi="silu_mul"))
+
+
+def test_outlier_activations_are_normed_before_rounding():
+    """x · r · gamma is rounded, as rms_norm rounds its output: an f16 outlier (3000 · 25) that
+    the norm brings back into range must not overflow."""
+    @fc.graph
+    def g(x: fc.f16["B", 256], s: fc.f16[256], w: fc.f16[64, 256]):
+        return fc.linear(fc.rms_norm(x, s, 1e-5, name="h"), w, name="y")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 256))
+    x[:, 7] = 3000
+    s = 1 + 0.1 * rng.standard_normal(256)
+    s[7] = 25
+    args = {"x": x, "s": s, "w": rng.standard_normal((64, 256)) / 16}
+    out, = simulate(run_pipeline(g, v2_pipeline(2)), args)
+    ref, = interpret(g, args)
+    assert np.isfinite(out).all() and rel_err(out, ref) <= 1e-2
+
+
+def test_a_cast_keeps_the_rounding_to_the_16_bit_dtype():
+    m = run_pipeline(example("graphs_v2", hidden=256, inter=200), v2_pipeline(2))
+    flush = next(op for op in m["chain_k1"].body if op.name == "units").regions[0][-1]
+    assert flush.attr("epilogue") == "round_bf16" and flush.operands[1].type.dtype.value == "f32"
+
+
+def test_a_split_along_the_batch_is_not_a_gate_up_pair():
+    @fc.graph
+    def g(x: fc.f16[4, 64], w: fc.f16[64, 64]):
+        a, b = fc.split(fc.linear(x, w, name="y"), [2, 2], axis=0, name=("a", "b"))
+        return fc.silu_mul(a, b)
+    with pytest.raises(LoweringError, match="'split'.*not lowered by lowering v2"):
+        run_pipeline(g, v2_pipeline(4))
+
+
+def test_the_epilogue_rounds_where_the_graph_rounds():
+    """linear → + t in f16: the linear's result overflows f16 (30 · 40 · 64 = 76800) in the
+    graph, so the sum is inf there; the fused flush must round it first too."""
+    @fc.graph
+    def g(x: fc.f16["B", 64], w: fc.f16[64, 64], t: fc.f16["B", 64]):
+        return fc.linear(x, w, name="y") + t
+    args = {"x": np.full((1, 64), 30.0), "w": np.full((64, 64), 40.0),
+            "t": np.full((1, 64), -60000.0)}
+    out, = simulate(run_pipeline(g, v2_pipeline(1)), args)
+    ref, = interpret(g, args)
+    assert np.isinf(ref).all() and np.array_equal(out, ref)

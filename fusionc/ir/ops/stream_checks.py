@@ -32,6 +32,7 @@ def check_region(units, graph) -> None:
             if w.shape != (n, k) or x.shape[1] != k:
                 fail(g, f"n = {n}, k = {k} but ring_issue copies w {w} and x {x}",
                      f"n, k = {list(w.shape)}")
+    check_tiles(units, graph)
     for st in (o for o in body if o.name == "ring_stage"):
         ring = rings.get(st.operands[0].name)
         if ring is not None and ring.attr("rows") != st.attr("rows"):
@@ -50,3 +51,45 @@ def check_region(units, graph) -> None:
         if xrows < mb:
             fail(ring, f"{xrows} activation rows per stage for max_batch = {mb}",
                  f"at least {mb} activation rows")
+
+
+def check_tiles(units, graph) -> None:
+    """What one tile feeds: ``acc_gemv`` and ``ring_issue`` agree on ``split``; a paired tile
+    (``split = I``) reads a fused ``[2I, k]`` weight into ``y [B, I]``, an unpaired one writes
+    ``y [B, n]``; the flush's operands are global inputs of the kernel (never ``y`` or a
+    register value), a bias covers the weight rows, the norm weight has x's dtype; at most one
+    ``row_rms`` (eps finite, >= 0) on an input."""
+    body = units.regions[0]
+    gemvs = [o for o in body if o.name == "acc_gemv"]
+    flushes = [o for o in body if o.name == "group_flush"]
+    params = {p.name for p in graph.params}
+    outputs = {v.name for v in graph.outputs}
+    for r in (o for o in graph.body if o.name == "row_rms"):
+        if sum(o.name == "row_rms" for o in graph.body) > 1:
+            fail(r, "a second row_rms", "one row_rms per kernel")
+        if r.operands[0].name not in params or r.operands[0].name in outputs:
+            fail(r, f"row_rms of %{r.operands[0].name}", "a kernel input the kernel does not write")
+        if not 0 <= r.attr("eps") < float("inf"):
+            fail(r, f"eps = {r.attr('eps')}", "a finite eps >= 0")
+    for g, f in zip(gemvs, flushes):
+        split, n = g.attr("split"), g.attr("n")
+        for issue in (o for o in body if o.name == "ring_issue"):
+            if issue.attr("split") != split:
+                fail(issue, f"split = {issue.attr('split')} but acc_gemv has {split}",
+                     f"split = {split}")
+        y = f.operands[1].type
+        cols = split if split else n
+        if split and n != 2 * split:
+            fail(g, f"split = {split} of a [{n}, k] weight", f"n = 2 * split = {2 * split}")
+        if y.shape[1] != cols:
+            fail(f, f"output {y} from {'paired ' if split else ''}tiles of {cols} columns",
+                 f"y [B, {cols}]")
+        if len(g.operands) == 5 and g.operands[3].type.dtype != g.operands[1].type.dtype:
+            fail(g, f"gamma {g.operands[3].type} for x {g.operands[1].type}", "one dtype")
+        from fusionc.stream import epilogue
+        steps = [s for s in epilogue.parse(f.attr("epilogue")) if epilogue.STEPS.get(s)]
+        for s, v in zip(steps, f.operands[2:]):
+            if v.name not in params or v.name in outputs:
+                fail(f, f"{s} operand %{v.name}", "a kernel input the kernel does not write")
+            if s == "bias" and v.type.shape != (n,):
+                fail(f, f"bias {v.type} for {n} weight rows", f"a bias of shape [{n}]")

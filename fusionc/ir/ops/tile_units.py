@@ -10,15 +10,16 @@
     ``count``. Only at the top level of a kernel, one per kernel.
 ``%acc = acc_alloc() : f32[B, rows]``
     An fp32 accumulator of one output tile (registers of the consumer threads), zero.
-``acc_gemv(%acc, %x, %w, %gamma?) {rows, cols, n, k, split = 0}``
+``acc_gemv(%acc, %x, %w, %gamma?, %r?) {rows, cols, n, k, split = 0}``
     ``acc[b, r] += Σ_c x_t[b, c] · w_t[r, c]`` over the current unit's tile: rows
     ``[g·rows, +rows)`` of the ``[n, k]`` weight and columns ``[s·cols, +cols)``; elements past
     ``n`` or ``k`` count as 0. ``%x``/``%w`` are the global tensors (plain loads: weight rows
     TMA cannot copy) or the stage views of a ring (``ring_stage``). fp32 products and sums.
     ``split = I > 0``: a paired tile (gate and up rows of a fused ``[2I, k]`` weight): tile row
     ``r < rows/2`` is weight row ``g·rows/2 + r`` and row ``rows/2 + r`` is ``I + g·rows/2 + r``.
-    ``%gamma: [k]`` (an RMSNorm weight): x's elements are first multiplied by ``gamma[c]`` and
-    rounded to x's dtype (the norm's per-column scale; its per-row scale is the flush's ``rms``).
+    With ``%gamma: [k]`` and ``%r: f32[B]`` (an RMSNorm's weight and the rows' 1/rms from
+    ``row_rms``), x's elements are first normed: ``round(x[b, c] · r[b] · gamma[c])`` to x's
+    dtype, as ``rms_norm`` computes them (RMSNorm, Zhang & Sennrich 2019, eq. 4).
 ``%r = row_rms(%x) {eps} : f32[B]``
     At the top level of a streamed kernel: each CTA computes ``r[b] = 1 / sqrt(mean_c x[b, c]²
     + eps)`` (fp32) of the global ``[B, K]`` activations itself (RMSNorm, Zhang & Sennrich 2019,
@@ -29,7 +30,7 @@
     group's contributing CTAs (:meth:`UnitSchedule.contributors`) added in CTA order by the last
     to arrive (split-K over CTAs, deterministic; no CTA waits); then ``acc`` is zero again.
     Columns past ``y``'s last dim are dropped. ``epilogue``: steps with one ``%extra`` operand
-    each where they take one (``rms``, ``bias``, ``silu``, ``silu_mul``, ``add``, ``mul``;
+    each where they take one (``bias``, ``silu``, ``silu_mul``, ``add``, ``mul``, ``round_*``;
     :mod:`fusionc.stream.epilogue`); with ``silu_mul`` the group writes ``rows/2`` columns.
 ``counter_signal() {name, slot = const|group|unit, index, warp = consumer|producer}``
     Release (GPU scope) then add 1 to counter ``name[slot]`` (slot = ``index``, or
@@ -91,8 +92,11 @@ def _infer_gemv(op):
     if split and (op.attr("rows") % 2 or split >= op.attr("n")):
         fail(op, f"split = {split} of {op.attr('n')} weight rows in tiles of {op.attr('rows')}",
              "an even tile and 0 < split < n (the up rows' offset)")
-    if len(op.operands) == 4 and op.operands[3].type.shape != (op.attr("k"),):
-        fail(op, f"gamma {op.operands[3].type}", f"a norm weight of shape [{op.attr('k')}]")
+    norm = op.operands[3:]
+    if norm and (len(norm) != 2 or norm[0].type.shape != (op.attr("k"),) or
+                 norm[1].type.rank != 1 or norm[1].type.dtype != DType.f32):
+        fail(op, "norm operands " + ", ".join(str(v.type) for v in norm),
+             f"none, or gamma [{op.attr('k')}] and the rows' 1/rms f32[B] (row_rms)")
     rows, cols, n, k = (op.attr(a) for a in ("rows", "cols", "n", "k"))
     if acc.dtype != DType.f32 or acc.rank != 2 or acc.shape[1] != rows or x.rank != 2:
         fail(op, f"accumulator {acc}", f"f32[B, {rows}]")
@@ -121,18 +125,16 @@ def _infer_flush(op):
     why = epilogue.problem(steps)
     if why:
         fail(op, f"epilogue {op.attr('epilogue')!r}: {why}",
-             "steps of " + ", ".join(epilogue.STEPS) + "; rms and bias before silu_mul")
+             "steps of " + ", ".join(epilogue.STEPS) + "; only bias before silu_mul")
     extras = op.operands[2:]
     if len(extras) != epilogue.operands(steps):
         fail(op, f"{len(extras)} epilogue operands for {op.attr('epilogue')!r}",
-             f"{epilogue.operands(steps)}: one each for rms, bias, add and mul, in order")
+             f"{epilogue.operands(steps)}: one each for bias, add and mul, in order")
     for s, v in zip((s for s in steps if epilogue.STEPS[s]), extras):
         t = v.type
-        ok = {"rms": t.rank == 1 and t.dtype == DType.f32 and t.shape[0] == y.shape[0],
-              "bias": t.rank == 1, "add": t.shape == y.shape, "mul": t.shape == y.shape}[s]
+        ok = {"bias": t.rank == 1, "add": t.shape == y.shape, "mul": t.shape == y.shape}[s]
         if not ok:
-            want = {"rms": f"f32[{y.shape[0]}] (row_rms)", "bias": "[N] (weight rows)",
-                    "add": f"{y.shape}", "mul": f"{y.shape}"}[s]
+            want = {"bias": "[N] (weight rows)", "add": f"{y.shape}", "mul": f"{y.shape}"}[s]
             fail(op, f"{s} operand %{v.name}: {t}", want)
     return ()
 
@@ -192,7 +194,7 @@ register(OpDef("units", __doc__, (),
                _infer_units, where=K, regions=1, simulate=_sim("units_outside"),
                verify=_verify_units, traits=frozenset({"units"})))
 register(OpDef("acc_alloc", __doc__, (), (), _infer_acc, where=K, simulate=_sim("acc_alloc")))
-register(OpDef("acc_gemv", __doc__, ("acc", "x", "w", "gamma?"),
+register(OpDef("acc_gemv", __doc__, ("acc", "x", "w", "norm*"),
                (attr("rows", POS_INT), attr("cols", POS_INT), attr("n", POS_INT),
                 attr("k", POS_INT), attr("split", NONNEG_INT, 0, omit=True,
                                          doc="paired gate/up tile: the up rows' offset")),
