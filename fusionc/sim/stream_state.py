@@ -248,11 +248,13 @@ class StreamCTA:
         nc = max(0, min(cols, k - step * cols))
         m = acc.shape[0]
         xt = xt[:m, :nc].astype(np.float32)
-        if len(args) == 5:   # RMSNorm: x · r[b] · gamma, rounded to x's dtype
+        if len(args) == 5:   # RMSNorm: round(round(x · r[b]) · gamma), r rounded, in x's dtype
+            dt = op.operands[1].type.dtype
             gamma = np.asarray(self.cta.memory.arrays[op.operands[3].name],
                                np.float32)[step * cols:step * cols + nc]
-            r = np.asarray(args[4], np.float32)[:m, None]
-            xt = round_to(xt * r * gamma, op.operands[1].type.dtype).astype(np.float32)
+            r = np.asarray(round_to(np.asarray(args[4], np.float32)[:m, None], dt), np.float32)
+            xt = np.asarray(round_to(np.asarray(round_to(xt * r, dt), np.float32) * gamma, dt),
+                            np.float32)
         acc[:m] += xt @ wt[:, :nc].astype(np.float32).T
         return ()
 

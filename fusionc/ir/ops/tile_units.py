@@ -18,8 +18,9 @@
     ``split = I > 0``: a paired tile (gate and up rows of a fused ``[2I, k]`` weight): tile row
     ``r < rows/2`` is weight row ``g·rows/2 + r`` and row ``rows/2 + r`` is ``I + g·rows/2 + r``.
     With ``%gamma: [k]`` and ``%r: f32[B]`` (an RMSNorm's weight and the rows' 1/rms from
-    ``row_rms``), x's elements are first normed: ``round(x[b, c] · r[b] · gamma[c])`` to x's
-    dtype, as ``rms_norm`` computes them (RMSNorm, Zhang & Sennrich 2019, eq. 4).
+    ``row_rms``), x's elements are first normed in x's dtype: ``round(round(x[b, c] · r[b]) ·
+    gamma[c])`` with ``r`` rounded too (two packed 16-bit multiplies on the tensor-core path),
+    within one rounding of ``rms_norm``'s output (RMSNorm, Zhang & Sennrich 2019, eq. 4).
 ``%r = row_rms(%x) {eps} : f32[B]``
     At the top level of a streamed kernel: each CTA computes ``r[b] = 1 / sqrt(mean_c x[b, c]²
     + eps)`` (fp32) of the global ``[B, K]`` activations itself (RMSNorm, Zhang & Sennrich 2019,
