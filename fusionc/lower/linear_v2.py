@@ -85,7 +85,7 @@ def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
     if bias is not None:
         steps.append("bias")
         extras.append(b.param(bias))
-    for s, t in zip(spec.steps, _with_operands(spec)):
+    for s, t in spec.steps:
         steps.append(s)
         if t is not None:
             extras.append(b.param(t))
@@ -102,12 +102,6 @@ def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
         b.op("group_flush", acc, py, *extras, rows=ROWS, epilogue=",".join(steps), loc=op.loc)
     grid = min(count, grid or H200.sms)
     return b.build(grid=grid, cluster=1, threads=256, max_batch=max_batch)
-
-
-def _with_operands(spec):
-    """Each epilogue step of ``spec`` with its operand (None for silu)."""
-    ops = iter(spec.operands)
-    return [next(ops) if s in ("add", "mul") else None for s in spec.steps]
 
 
 class _units:

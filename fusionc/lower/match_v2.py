@@ -31,8 +31,7 @@ class LinearKernel:
     linear: Op
     norm: Op | None = None            # rms_norm prologue
     split: int = 0                    # paired gate/up tiles: the up rows' offset
-    steps: list = field(default_factory=list)     # epilogue steps after the bias
-    operands: list = field(default_factory=list)  # their tensors, in order
+    steps: list = field(default_factory=list)     # (epilogue step, its tensor or None)
     out: Value | None = None
     absorbed: list = field(default_factory=list)  # graph ops folded in (not the linear)
 
@@ -56,7 +55,7 @@ def linear_kernels(g: Graph) -> list[LinearKernel]:
         pair = _pair(cur, use, outputs)
         if pair is not None:
             _round(k, cur)
-            k.steps.append("silu_mul")
+            k.steps.append(("silu_mul", None))
             k.split, cur = op.operands[1].type.shape[0] // 2, pair[-1].result
             k.absorbed += pair
         while True:
@@ -67,9 +66,7 @@ def linear_kernels(g: Graph) -> list[LinearKernel]:
             name, operand = step
             _round(k, cur)   # the graph rounds every op's result to its dtype
             if name != "cast":
-                k.steps.append(name)
-                if operand is not None:
-                    k.operands.append(operand)
+                k.steps.append((name, operand))
             k.absorbed.append(nxt)
             cur = nxt.result
         k.out = cur
@@ -80,7 +77,7 @@ def linear_kernels(g: Graph) -> list[LinearKernel]:
 def _round(k: LinearKernel, v: Value) -> None:
     """A ``round_*`` step where the graph rounds ``v`` (16-bit) before the next op reads it."""
     if v.type.dtype.value in ("f16", "bf16"):
-        k.steps.append(f"round_{v.type.dtype.value}")
+        k.steps.append((f"round_{v.type.dtype.value}", None))
 
 
 def _prologue(g: Graph, op: Op, use: dict, outputs: set) -> Op | None:
@@ -116,7 +113,7 @@ def _pair(cur: Value, use: dict, outputs: set) -> list[Op] | None:
 
 def _epilogue_step(nxt: Op, cur: Value, order: dict, at: int):
     """(step, operand) when ``nxt`` can join the flush of the value ``cur``, else None."""
-    if nxt.name in ("silu",):
+    if nxt.name == "silu":
         return nxt.name, None
     if nxt.name == "cast" and nxt.result.type.dtype in FLOAT_DTYPES:
         return "cast", None

@@ -71,12 +71,12 @@ class PartitionUnits(Pass):
         hosts = []
         for g in module.graphs:
             if g.kind == "graph":
-                kernels, host = self.partition(g, module, len(items))
+                kernels, host = self.partition(g, module)
                 items += kernels
                 hosts.append(host)
         return Module(tuple(items + hosts))
 
-    def partition(self, g: Graph, module: Module, taken: int) -> tuple[list[Graph], Graph]:
+    def partition(self, g: Graph, module: Module) -> tuple[list[Graph], Graph]:
         """The kernels of graph ``g`` (:func:`fusionc.lower.match_v2.linear_kernels`) and ``g``
         launching them; LoweringError for an op no kernel takes."""
         from fusionc.lower.linear_v2 import lower_linear

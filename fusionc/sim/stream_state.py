@@ -248,13 +248,12 @@ class StreamCTA:
         nc = max(0, min(cols, k - step * cols))
         m = acc.shape[0]
         xt = xt[:m, :nc].astype(np.float32)
-        if len(args) == 5:   # RMSNorm: round(round(x · r[b]) · gamma), r rounded, in x's dtype
-            dt = op.operands[1].type.dtype
+        if len(args) == 5:   # RMSNorm of the activations (fusionc.stream.epilogue)
+            from fusionc.stream.epilogue import norm_activations
             gamma = np.asarray(self.cta.memory.arrays[op.operands[3].name],
                                np.float32)[step * cols:step * cols + nc]
-            r = np.asarray(round_to(np.asarray(args[4], np.float32)[:m, None], dt), np.float32)
-            xt = np.asarray(round_to(np.asarray(round_to(xt * r, dt), np.float32) * gamma, dt),
-                            np.float32)
+            xt = norm_activations(xt, np.asarray(args[4], np.float32)[:m, None], gamma,
+                                  op.operands[1].type.dtype)
         acc[:m] += xt @ wt[:, :nc].astype(np.float32).T
         return ()
 
@@ -286,8 +285,7 @@ class StreamCTA:
         y = op.operands[1]
         arr = self.cta.memory.arrays[y.name]
         gemv = next(o for o in self.kernel.walk() if o.name == "acc_gemv")
-        extras = [self.cta.memory.arrays[v.name] if v.name in self.cta.memory.arrays
-                  else args[2 + i] for i, v in enumerate(op.operands[2:])]
+        extras = [self.cta.memory.arrays[v.name] for v in op.operands[2:]]   # kernel inputs
         tile, n0 = epilogue.apply(epilogue.parse(op.attr("epilogue")), total[:arr.shape[0]],
                                   extras, g, op.attr("rows"), gemv.attr("split"), arr.shape[1])
         index = (slice(0, arr.shape[0]), slice(n0, n0 + tile.shape[1]))

@@ -113,8 +113,9 @@ def c_struct(steps, ctype_y: str, ctypes: list[str], split: int) -> str:
             seen_pair = True
             continue
         if s.startswith("round_"):
-            code = {"round_f16": "v = fc_f32(fc_to<__half>(v));",
-                    "round_bf16": "v = fc_f32(fc_to<__nv_bfloat16>(v));"}[s]
+            from fusionc.codegen.cnames import ctype
+            from fusionc.ir.types import DType
+            code = f"v = fc_f32(fc_to<{ctype(DType(s[6:]))}>(v));"
         elif s == "bias":
             code = "v += fc_f32(o{i}[wr]);"
         elif s == "silu":
@@ -143,3 +144,16 @@ def c_struct(steps, ctype_y: str, ctypes: list[str], split: int) -> str:
             "".join(f"    {c}\n" for c in post) + store + "  }\n")
     body += "  FC_DEVICE void put(int, int, float) const {}  // unpaired tiles only\n"
     return "struct FcEpi {\n  static constexpr bool PAIR = true;\n" + head + body + "};"
+
+
+def norm_activations(x: np.ndarray, r: np.ndarray, gamma: np.ndarray, dtype) -> np.ndarray:
+    """``acc_gemv``'s RMSNorm of activation tile ``x`` [B, C] (rows' 1/rms ``r`` [B, 1], weight
+    ``gamma`` [C]) in ``dtype``: f16 ``round(round(x · round(r)) · gamma)`` (two packed f16
+    multiplies on the GPU), bf16 and f32 ``round(x · r · gamma)`` (bf16 keeps fp32 arithmetic:
+    three roundings of 8-bit mantissas would cost ~1%)."""
+    from fusionc.interp.numerics import round_to
+    from fusionc.ir.types import DType
+    f = lambda v: np.asarray(round_to(v, dtype), np.float32)   # noqa: E731
+    if dtype == DType.f16:
+        return f(f(x * f(r)) * gamma)
+    return f(x * r * gamma)

@@ -93,3 +93,7 @@ def check_tiles(units, graph) -> None:
                 fail(f, f"{s} operand %{v.name}", "a kernel input the kernel does not write")
             if s == "bias" and v.type.shape != (n,):
                 fail(f, f"bias {v.type} for {n} weight rows", f"a bias of shape [{n}]")
+        every = epilogue.parse(f.attr("epilogue"))
+        if epilogue.problem(every) is None and epilogue.paired(every) != bool(split):
+            fail(f, f"epilogue {f.attr('epilogue')!r} with acc_gemv split = {split}",
+                 "silu_mul exactly when the tiles are paired (acc_gemv split > 0)")
