@@ -2,11 +2,14 @@
 fusionc vs PyTorch eager and torch.compile, each in a CUDA graph, vs the HBM floor (weights +
 x in + y out at the copy bandwidth measured in the same run):
 
-    python3 benchmarks/mlp_block.py [--quick] [--lowering v1|v2] [--compare-v1] [--shard i/n]
+    python3 benchmarks/mlp_block.py [--quick] [--lowering v1|v2] [--compare-v1 |
+        --compare-unchained | --compare-chained] [--shard i/n]
         [--models NAME,...] [--batch 1,4,16] [--dtype f16|bf16]
 
 Shapes: eight open models, hidden 2048–8192 (some intermediates no multiple of 1024); batch 1,
-2, 4, 8, 16, 32, 64, 128, 256 by default. ``--compare-v1`` adds the v1 lowering as ``alt_us``.
+2, 4, 8, 16, 32, 64, 128, 256 by default. ``--compare-v1`` adds the v1 lowering as ``alt_us``,
+``--compare-unchained`` / ``--compare-chained`` v2 with one kernel per linear or the MLP in one
+persistent kernel (``v2_pipeline(chain=...)``; the default picks by the batch).
 torch.compile runs in its default mode (``--max-autotune``: max-autotune-no-cudagraphs). The
 table goes to stdout, a CSV to ``$OUT/mlp_block[-shard{i}of{n}].csv`` when ``$OUT`` is set.
 """
@@ -58,9 +61,14 @@ def fusionc_mlp(m, batch, codegen=None, lowering=None):
         return None
     mod = llama2_7b.mlp_block(hidden=m["hidden"], intermediate=m["intermediate"], eps=1e-5,
                               dtype=DTYPE)
+    lowering = lowering or LOWERING
+    pipeline = None
+    if lowering in ("v2-unchained", "v2-chained"):   # one persistent kernel against two
+        from fusionc.passes.stream import v2_pipeline
+        lowering, pipeline = "v2", v2_pipeline(batch, chain=lowering == "v2-chained")
     try:
         return fusionc.compile(mod, max_batch=batch, autotune=TUNE, codegen=codegen,
-                               lowering=lowering or LOWERING)
+                               lowering=lowering, pipeline=pipeline)
     except fusionc.errors.FusionError as e:  # reported in the table
         print("fusionc cannot compile this point:", e)
         return None
@@ -113,6 +121,8 @@ def variants(args):
     """(codegen options, lowering) of fusionc's column and of ``alt_us``."""
     main = (args.codegen, LOWERING)
     alt = (args.alt, LOWERING) if args.alt else ((None, "v1") if args.compare_v1 else None)
+    if args.compare_unchained or args.compare_chained:
+        alt = (None, "v2-unchained" if args.compare_unchained else "v2-chained")
     return main, alt
 
 
@@ -128,6 +138,10 @@ def extra_args(ap):
     from benchmarks.gemv import shard_spec
     ap.add_argument("--lowering", choices=("v1", "v2"), default="v2")
     ap.add_argument("--compare-v1", action="store_true", help="v1 as the alt_us column")
+    ap.add_argument("--compare-unchained", action="store_true",
+                    help="v2 with one kernel per linear as the alt_us column")
+    ap.add_argument("--compare-chained", action="store_true",
+                    help="v2 with the MLP in one persistent kernel as the alt_us column")
     ap.add_argument("--shard", type=shard_spec, default=None, metavar="i/n")
     ap.add_argument("--models", default=None, help="comma-separated names of MODELS")
     ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")

@@ -6,7 +6,8 @@
 #     test_linear_v2_gpu as b; a.precompile(); b.precompile()"
 #   FUSIONC_CACHE_DIR=.fcache python benchmarks/mlp_block.py --compile-only --compare-v1 ARGS
 #   tar czf .fcache.tgz .fcache
-# then run (carry .whl and .fcache.tgz):  bash scripts/mlp_session.sh ARGS  (mlp_block.py args)
+# then run (carry .whl and .fcache.tgz):  bash scripts/mlp_session.sh ARGS  (mlp_block.py args;
+# ALT=--compare-unchained puts v2 with one kernel per linear in alt_us instead of v1)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 timeout "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider -rA \
@@ -14,6 +15,6 @@ timeout "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider -rA \
 echo "tests rc=$? $(tail -1 "$out/gpu_tests.log")"
 grep -E "^(FAILED|ERROR)|Error|error" "$out/gpu_tests.log" | head -20
 grep -E "graphs v2|linear v2" "$out/gpu_tests.log" | head -30
-OUT="$out" timeout "${BENCH_S:-400}" python3 benchmarks/mlp_block.py --compare-v1 "$@" \
+OUT="$out" timeout "${BENCH_S:-400}" python3 benchmarks/mlp_block.py ${ALT:---compare-v1} "$@" \
   > "$out/mlp.log" 2>&1
 echo "mlp rc=$?"; grep -E "^\||bandwidth|cannot" "$out/mlp.log" | cut -c1-160

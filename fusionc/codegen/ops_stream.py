@@ -20,10 +20,11 @@ class StreamCtx:
 
     plan: object
     refs: dict                     # IR parameter name -> C pointer
-    producer_setup: str = ""
+    producer_setup: str = ""       # the producer's code before every phase
     consumer_setup: str = ""
     views: dict = field(default_factory=dict)   # stage-view value -> C expression
-    epilogue: str = ""             # the flush's FcEpi functor (fusionc.stream.epilogue)
+    epilogues: list = field(default_factory=list)  # each flush's functor (stream.epilogue)
+    phase: object = None           # the Phase being emitted (fusionc.codegen.streamed)
 
     def ptr(self, v) -> str:
         return self.refs[v.name]
@@ -54,9 +55,11 @@ def _geo(ctx):
 
 @emits("ring_claim")
 def _claim(op, ctx):
+    """The wait for the stage's release; a phase's first S units were claimed by its prologue
+    (:func:`_weight_prologue`; in phase 0 their stages are fresh)."""
     s = _geo(ctx).stages
     po = op.attr("parity_offset")
-    return (f"if (fc_j >= {s}) fc_mbar_wait(&fc_empty[fc_j % {s}], "
+    return (f"if (fc_i >= {s} && fc_j >= {s}) fc_mbar_wait(&fc_empty[fc_j % {s}], "
             f"{empty_parity_c('fc_j', s, po)});  // empty_parity(j)")
 
 
@@ -67,45 +70,58 @@ def _issue(op, ctx):
     if not all(isinstance(d, int) for d in w.type.shape):
         raise CompileError(f"weight {w.type} with symbolic dims", op=op.name, loc=op.loc,
                            valid="static [N, K]")
-    if "fc_pol_w" not in ctx.producer_setup:
-        ctx.producer_setup += _weight_prologue(ctx, geo, w, x)
+    ph = ctx.phase
+    if "fc_issue_w" not in ph.producer_setup:
+        ph.producer_setup += _weight_prologue(ctx, geo, w, x)
     xs = "\n".join(f"  fc_tma_2d(stage + {geo.box_offset('x', h)}, &{tmap(x)}, "
                    f"fc_s * {geo.cols} + {h * geo.box_cols}, 0, &fc_full[st], fc_pol_x);"
                    for h in (0, 1))
     return f"""const int st = fc_j % {geo.stages};
 unsigned char* stage = fc_ring + st * {geo.stage_bytes};
 if (fc_lane == 0) {{  // weight boxes (issued ahead for the first stages), then activation boxes
-  if (fc_j >= {geo.stages}) fc_issue_w(fc_j, fc_u);
+  if (fc_i >= {geo.stages}) fc_issue_w(fc_j, fc_u);
 {xs}
 }}"""
 
 
 def _weight_prologue(ctx, geo, w, x) -> str:
-    """The producer's setup: L2 policies, tensor-map prefetch, ``fc_issue_w`` (arm a stage and
-    copy its two weight boxes), the first stages' weight boxes, then ``griddepcontrol.wait``:
-    weights are never written by a kernel, so they stream while the previous kernel (PDL)
-    drains; the activation boxes wait for it."""
-    split = ctx.plan.split
+    """The producer's code before a phase's units: ``fc_issue_w`` (arm a stage and copy its
+    weight boxes) and the weight boxes of the phase's first S units, claimed as the consumers
+    free their stages — weights are never written by a kernel, so they stream before any wait:
+    in phase 0 before ``griddepcontrol.wait`` (the previous kernel may still run, PDL), in a
+    later phase before the counters its activation boxes wait on. The L2 policies and
+    tensor-map prefetches go once into the producer's setup."""
+    split, ph = ctx.phase.split, ctx.phase
     boxes = [(0, f"g * {geo.rows}")] if not split else [
         (0, f"g * {geo.rows // 2}"), (geo.rows // 2 * 128, f"{split} + g * {geo.rows // 2}")]
     ws = "\n".join(f"  fc_tma_2d(stage + {geo.box_offset('w', h) + off}, &{tmap(w)}, "
                     f"s * {geo.cols} + {h * geo.box_cols}, {row}, &fc_full[st], fc_pol_w);"
                     for h in (0, 1) for off, row in boxes)
-    return f"""const unsigned long long fc_pol_w = fc_policy_evict_first();
-const unsigned long long fc_pol_x = fc_policy_evict_last();
-auto fc_issue_w = [&](int j, int u) {{  // arm stage j % S, copy unit u's weight boxes
-  const int st = j % {geo.stages}, g = u / {ctx.plan.group}, s = u % {ctx.plan.group};
+    if "fc_pol_w" not in ctx.producer_setup:
+        ctx.producer_setup += ("const unsigned long long fc_pol_w = fc_policy_evict_first();\n"
+                               "const unsigned long long fc_pol_x = fc_policy_evict_last();\n")
+    for v in (w, x):
+        if f"&{tmap(v)})" not in ctx.producer_setup:
+            ctx.producer_setup += f"if (fc_lane == 0) fc_prefetch_tensormap(&{tmap(v)});\n"
+    s = geo.stages
+    claim = "" if ph.index == 0 else (
+        f"\n    if (fc_j + j >= {s}) fc_mbar_wait(&fc_empty[(fc_j + j) % {s}], "
+        f"{empty_parity_c('(fc_j + j)', s, 0)});")
+    code = f"""auto fc_issue_w = [&](int j, int u) {{  // arm stage j % S, copy unit u's weight boxes
+  const int st = j % {s}, g = u / {ph.group}, s = u % {ph.group};
   unsigned char* stage = fc_ring + st * {geo.stage_bytes};
   fc_mbar_expect_tx(&fc_full[st], {geo.copy_bytes}u);
 {ws}
 }};
 if (fc_lane == 0) {{
-  fc_prefetch_tensormap(&{tmap(w)});
-  fc_prefetch_tensormap(&{tmap(x)});
-  for (int j = 0; j < {geo.stages} && fc_u0 + j < fc_u1; ++j) fc_issue_w(j, fc_u0 + j);
+  for (int j = 0; j < {s} && fc_u0 + j < fc_u1; ++j) {{{claim}
+    fc_issue_w(fc_j + j, fc_u0 + j);
+  }}
 }}
-fc_grid_dependency_wait();  // PDL: the activations may come from the previous kernel
 """
+    if ph.index == 0:
+        code += "fc_grid_dependency_wait();  // PDL: the activations may come from the previous kernel\n"
+    return code
 
 
 def tmap(v) -> str:
@@ -145,7 +161,20 @@ def _release(op, ctx):
 
 @emits("fence_proxy_async")
 def _fence(op, ctx):
+    if _polls(op, ctx):   # after a chunk poll only: later units' chunks were acquired with it
+        return "if (fc_polled) fc_fence_proxy_async_global();\nfc_polled = false;"
     return "fc_fence_proxy_async_global();"
+
+
+def _polls(op, ctx) -> bool:
+    """Whether ``op``'s phase waits on chunks by warp polls (:func:`_cwait`)."""
+    return op.attr("warp") == "producer" and any(
+        o.name == "counter_wait" and _is_poll(o) for o in ctx.phase.units.regions[0])
+
+
+def _is_poll(op) -> bool:
+    return op.attr("reset") == "exit" and op.attr("slot") == "step" and \
+        op.attr("warp") == "producer"
 
 
 @emits("acc_gemv")
@@ -198,30 +227,59 @@ def _acc_decl(ctx, acc) -> None:
 @emits("group_flush")
 def _flush(op, ctx):
     from fusionc.stream import epilogue
-    p = ctx.plan
+    p, ph = ctx.plan, ctx.phase
     acc, y = op.operands[0], op.operands[1]
     steps = epilogue.parse(op.attr("epilogue"))
     extras = op.operands[2:]
-    ctx.epilogue = epilogue.c_struct(steps, cnames.ctype(y.type.dtype),
-                                     [cnames.ctype(v.type.dtype) for v in extras], p.split)
+    epi = f"FcEpi{ph.index}"
+    ctx.epilogues.append(epilogue.c_struct(steps, cnames.ctype(y.type.dtype),
+                                           [cnames.ctype(v.type.dtype) for v in extras],
+                                           ph.split, epi))
     n = y.type.shape[1]
     m = cnames.dim(y.type.shape[0])
     half = p.rows // 2 if epilogue.paired(steps) else p.rows
     ptrs = ", ".join([ctx.ptr(y)] + [ctx.ptr(v) for v in extras])
-    cnt, grp = p.count, p.group
+    cnt, grp = ph.count, ph.group
+    sig = "nullptr"
+    if op.attr("signal"):
+        first, _, stride = p.counters[op.attr("signal")]
+        sig = f"fc_counters + {first} + fc_g / {op.attr('per')} * {stride}"
     head = f"""if (fc_s == {grp - 1} || fc_u == fc_u1 - 1) {{  // the group's last unit here
-  const int gc0 = fc_unit_cta(fc_g * {grp}, {cnt}, gridDim.x);
-  const int gc1 = fc_unit_cta(min({cnt}, (fc_g + 1) * {grp}) - 1, {cnt}, gridDim.x);
+  const int gc0 = fc_unit_cta(fc_g * {grp}, {cnt}, fc_G);
+  const int gc1 = fc_unit_cta(min({cnt}, (fc_g + 1) * {grp}) - 1, {cnt}, fc_G);
   const int slot = 2 * blockIdx.x + (fc_g == fc_u0 / {grp} ? 0 : 1);
-  const int slot0 = 2 * gc0 + (fc_g == fc_unit_start(gc0, {cnt}, gridDim.x) / {grp} ? 0 : 1);
+  const int slot0 = 2 * gc0 + (fc_g == fc_unit_start(gc0, {cnt}, fc_G) / {grp} ? 0 : 1);
   volatile int* flag = reinterpret_cast<volatile int*>(fc_smem + {p.scratch_off});
-  const FcEpi epi{{{ptrs}, {n}, {m}, fc_g * {half}}};
+  const {epi} epi{{{ptrs}, {n}, {m}, fc_g * {half}}};
 """
-    tail = "epi, gc0 == gc1, fc_ws, slot, fc_counters + fc_g, gc0, gc1, slot0, fc_u == fc_u1 - 1, flag);\n}"
+    tail = (f"epi, gc0 == gc1, fc_ws + {ph.ws_off}, slot, fc_counters + {ph.flush_base} + "
+            f"fc_g, gc0, gc1, slot0, fc_u == fc_u1 - 1, flag, {sig});\n}}")
     if p.path == "mma":
         return head + (f"  fc_flush_mma<{256}, {p.nb}, {p.rows}, {p.max_batch}>(fc_acc, "
                        f"reinterpret_cast<float*>(fc_smem + {p.scratch_off + 16}), " + tail)
     return head + f"  fc_flush_fma<{256}, {p.rows // 16}, {p.rows}, {p.max_batch}>(fc_acc, " + tail
+
+
+def exit_code(ctx) -> tuple[str, str]:
+    """(producer, consumer) code after the last phase: with ``reset = exit`` counters, every
+    CTA counts itself out once its last wait passed and the last zeroes them
+    (``fc_counters_exit``). When every such wait is the producer's (chunk polls), the producer
+    counts out after its last copy, off the consumers' path: each counter of a set has a
+    waiter whose target is every signal it gets, so once every producer passed its waits,
+    nothing signals or reads the set again in this launch."""
+    p = ctx.plan
+    if not p.exit_counters:
+        return "", ""
+    from fusionc.codegen.streamed import CHUNK_STRIDE
+    first, n = p.exit_counters
+    call = (f"fc_counters_exit(fc_counters + {first}, {n}, {CHUNK_STRIDE}, "
+            f"fc_counters + {first + n * CHUNK_STRIDE});")
+    waits = [op for ph in p.phases for op in ph.units.regions[0]
+             if op.name == "counter_wait" and op.attr("reset") == "exit"]
+    if all(_is_poll(op) for op in waits):
+        return f"if (fc_lane == 0) {call}", ""
+    return "", ("fc_consumer_sync<256>();  // every consumer's last use of the counters is done\n"
+                f"if (threadIdx.x == 0) {call}")
 
 
 def row_rms(op, ctx) -> str:
@@ -239,11 +297,15 @@ def row_rms(op, ctx) -> str:
             "fc_consumer_sync<256>();\n")
 
 
+POLL_LOADS = 4   # counters per lane in one chunk poll: 128 units (a CTA's share of a phase)
+SLOT_C = {"const": "0", "group": "fc_g", "unit": "fc_u", "step": "fc_s"}   # a counter's slot
+
+
 def _counter(op, ctx) -> str:
     p = ctx.plan
-    first, _ = p.counters[op.attr("name")]
-    base = {"const": "0", "group": "fc_g", "unit": "fc_u"}[op.attr("slot")]
-    return f"fc_counters + {first} + {base} + {op.attr('index')}"
+    first, _, stride = p.counters[op.attr("name")]
+    base = SLOT_C[op.attr("slot")]
+    return f"fc_counters + {first} + ({base} + {op.attr('index')}) * {stride}"
 
 
 def _role_sync(op) -> str:
@@ -262,6 +324,33 @@ def _signal(op, ctx):
 @emits("counter_wait")
 def _cwait(op, ctx):
     from fusionc.codegen.streamed import COUNTER_TIMEOUT_NS
+    from fusionc.stream.schedule import wait_target_c
     err = f"fc_counters + {ctx.plan.words - 1}"
-    return (f"if ({_leader(op)}) fc_counter_wait({_counter(op, ctx)}, {op.attr('target')}u, "
+    target = wait_target_c(op.attr("target"), op.attr("total"),
+                           f"{SLOT_C[op.attr('slot')]} + {op.attr('index')}")
+    if _is_poll(op):
+        return _poll(op, ctx, err)
+    sub = "true" if op.attr("reset") == "wait" else "false"
+    return (f"if ({_leader(op)}) fc_counter_wait<{sub}>({_counter(op, ctx)}, {target}, "
             f"{err}, {COUNTER_TIMEOUT_NS}ull);\n{_role_sync(op)}")
+
+
+def _poll(op, ctx, err) -> str:
+    """A producer's wait on the K chunk of each unit (``slot = step``, ``reset = exit``): when
+    the unit's chunk is not known ready, the warp's 32 lanes load the counters of the next
+    32 · POLL_LOADS units at once (one L2 round trip, not one per unit: a blocked producer
+    issues no copies) and keep how many consecutive units are ready (``fc_ready``: units of
+    this phase with ``fc_i < fc_ready``)."""
+    from fusionc.codegen.streamed import COUNTER_TIMEOUT_NS
+    ph = ctx.phase
+    first, _, stride = ctx.plan.counters[op.attr("name")]
+    if "fc_ready" not in ph.producer_setup:
+        ph.producer_setup += "int fc_ready = 0;  // units of this phase whose chunks are ready\n"
+        if "bool fc_polled" not in ctx.producer_setup:
+            ctx.producer_setup += "bool fc_polled = false;  // acquired since the last proxy fence\n"
+    return (f"if (fc_i >= fc_ready) {{\n"
+            f"  fc_ready = fc_i + fc_poll_chunks<{POLL_LOADS}>(fc_counters + {first} + "
+            f"{op.attr('index')} * {stride}, {stride}, "
+            f"fc_u, fc_u1, {ph.group}, {op.attr('target')}, {op.attr('total')}, {err}, "
+            f"{COUNTER_TIMEOUT_NS}ull);\n"
+            "  fc_polled = true;\n}")

@@ -37,6 +37,38 @@ from fusionc.ir.types import DType
 CONSUMERS = 256           # consumer threads (8 warps): the thread maps of templates/lib/stream
 TOP_LEVEL = ("acc_alloc", "ring_alloc", "row_rms", "units")
 COUNTER_TIMEOUT_NS = 2_000_000_000
+CHUNK_STRIDE = 32   # words per chunk counter (reset = exit sets): one 128-byte L2 line each,
+                    # so the polls of every CTA and the flushes' reds spread over L2 banks
+
+
+@dataclass
+class Phase:
+    """One ``units`` region of a streamed kernel and where its flushes keep their state."""
+
+    units: Op
+    gemv: Op
+    index: int = 0
+    flush_base: int = 0          # first counter word of its groups' split-K flushes
+    ws_off: int = 0              # first workspace float of its split-K slots
+    producer_setup: str = ""     # the producer's code before the phase's unit loop
+    producer_body: str = ""
+    consumer_body: str = ""
+
+    @property
+    def count(self) -> int:
+        return self.units.attr("count")
+
+    @property
+    def group(self) -> int:
+        return self.units.attr("group")
+
+    @property
+    def groups(self) -> int:
+        return -(-self.count // self.group)
+
+    @property
+    def split(self) -> int:
+        return self.gemv.attr("split")
 
 
 @dataclass
@@ -44,35 +76,28 @@ class StreamPlan:
     """Compile-time choices of one streamed kernel, shared by its op emitters."""
 
     kernel: Graph
-    units: Op
+    phases: list
     ring: Op | None
     path: str                    # "mma", "fma" (smem) or "plain" (global loads)
     rows: int
     cols: int
     max_batch: int
-    counters: dict = field(default_factory=dict)   # name -> (first word, words)
-    words: int = 0               # counter words in all (error word last)
-    split: int = 0               # paired gate/up tiles: the up rows' offset
+    counters: dict = field(default_factory=dict)   # name -> (first word, slots, stride)
+    words: int = 0               # counter words in all (the exit word, then the error word last)
+    exit_counters: tuple = ()    # (first word, slots) of the reset = exit sets (CHUNK_STRIDE)
     smem: int = 0
     scratch_off: int = 0
     rms_off: int = 0             # row_rms: max_batch floats, then 8 x max_batch (reduction)
     gamma_off: int = 0           # acc_gemv's norm weight, whole K chunks
 
     @property
-    def group(self) -> int:
-        return self.units.attr("group")
-
-    @property
     def count(self) -> int:
-        return self.units.attr("count")
-
-    @property
-    def groups(self) -> int:
-        return -(-self.count // self.group)
+        """Units of the largest phase: the most CTAs the kernel can use."""
+        return max(ph.count for ph in self.phases)
 
     @property
     def producer(self) -> bool:
-        return any(in_producer(op) for op in self.units.regions[0])
+        return any(in_producer(op) for ph in self.phases for op in ph.units.regions[0])
 
     @property
     def threads(self) -> int:
@@ -88,6 +113,11 @@ def is_streamed(kernel: Graph) -> bool:
     return units_op(kernel) is not None
 
 
+def phases_of(kernel: Graph) -> list[Op]:
+    """The kernel's ``units`` regions, in order."""
+    return [op for op in kernel.body if lookup(op.name).has("units")]
+
+
 def plan(kernel: Graph, check: bool = True) -> StreamPlan:
     """The plan of a streamed kernel; CompileError for what the generator cannot emit yet
     (``check``: and for a ring program without the protocol's waits)."""
@@ -95,32 +125,33 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
         if op.name not in TOP_LEVEL:
             raise CompileError("op outside the units region of a streamed kernel",
                                op=op.name, loc=op.loc, valid=", ".join(TOP_LEVEL))
-    units = units_op(kernel)
     ring = next((op for op in kernel.body if op.name == "ring_alloc"), None)
-    gemvs = [op for op in units.regions[0] if op.name == "acc_gemv"]
-    if len(gemvs) != 1:
-        raise CompileError(f"{len(gemvs)} acc_gemv ops in the units region", op="units",
-                           loc=units.loc, valid="one acc_gemv per streamed kernel")
-    g = gemvs[0]
-    if sum(op.name == "group_flush" for op in units.regions[0]) != 1:
-        raise CompileError("a streamed linear without one group_flush", op="units",
-                           loc=units.loc, valid="one group_flush (else y is never written)")
+    phases = [Phase(u, _one_gemv(u), i) for i, u in enumerate(phases_of(kernel))]
+    g = phases[0].gemv
     rows, cols = g.attr("rows"), g.attr("cols")
     dt = g.operands[1].type.dtype
     v = 16 // dt.itemsize
-    if rows != 64 or cols != 16 * v:
-        raise CompileError(f"tiles of {rows} x {cols}", op=g.name, loc=g.loc,
-                           valid=f"64 rows x {16 * v} columns (256-byte row chunks)")
+    for ph in phases:
+        if (ph.gemv.attr("rows"), ph.gemv.attr("cols")) != (64, 16 * v) or \
+                ph.gemv.operands[1].type.dtype != dt:
+            raise CompileError(f"tiles of {ph.gemv.attr('rows')} x {ph.gemv.attr('cols')}",
+                               op=ph.gemv.name, loc=ph.gemv.loc,
+                               valid=f"64 rows x {16 * v} columns (256-byte row chunks) of "
+                                     f"{dt.value} in every phase")
     mb = kernel.attr("max_batch")
-    on_ring = ring is not None and _from_ring(units, g)
+    on_ring = ring is not None and all(_from_ring(ph.units, ph.gemv) for ph in phases)
+    if len(phases) > 1 and not on_ring:
+        raise CompileError("phases on the plain-load path", op="units", loc=phases[1].units.loc,
+                           valid="several phases only when every tile comes through the ring")
     path = "plain" if not on_ring else (
-        "mma" if dt in (DType.f16, DType.bf16) and mb >= 2 else "fma")
+        "mma" if dt in (DType.f16, DType.bf16) else "fma")   # mma from 1 row (n-tile of 8)
     if mb > 16:
         raise CompileError(f"max_batch {mb} in a streamed linear", op=g.name, loc=g.loc,
                            valid="max_batch <= 16 (batch rows in registers)")
     if ring is not None and check:
-        _check_protocol(units, ring)
-    p = StreamPlan(kernel, units, ring, path, rows, cols, mb, split=g.attr("split"))
+        for ph in phases:
+            _check_protocol(ph.units, ring)
+    p = StreamPlan(kernel, phases, ring, path, rows, cols, mb)
     if kernel.attr("threads") != p.threads:
         raise CompileError(f"{kernel.attr('threads')} threads", op=kernel.name, loc=kernel.loc,
                            valid=f"{p.threads}: {CONSUMERS} consumer threads" +
@@ -128,6 +159,18 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
     _plan_counters(p)
     _plan_smem(p)
     return p
+
+
+def _one_gemv(units: Op) -> Op:
+    body = units.regions[0]
+    gemvs = [op for op in body if op.name == "acc_gemv"]
+    if len(gemvs) != 1:
+        raise CompileError(f"{len(gemvs)} acc_gemv ops in the units region", op="units",
+                           loc=units.loc, valid="one acc_gemv per units region")
+    if sum(op.name == "group_flush" for op in body) != 1:
+        raise CompileError("a streamed linear without one group_flush", op="units",
+                           loc=units.loc, valid="one group_flush (else y is never written)")
+    return gemvs[0]
 
 
 def _check_protocol(units: Op, ring: Op) -> None:
@@ -163,16 +206,33 @@ def _from_ring(units: Op, gemv: Op) -> bool:
 
 
 def _plan_counters(p: StreamPlan) -> None:
-    words = p.groups   # one per group: the split-K flushes
-    for op in p.units.regions[0]:
-        if lookup(op.name).has("counter"):
-            n = op.attr("index") + {"const": 1, "group": p.groups, "unit": p.count}[
-                op.attr("slot")]
-            first, size = p.counters.get(op.attr("name"), (None, 0))
-            p.counters[op.attr("name")] = (first, max(size, n))
-    for name in list(p.counters):
-        p.counters[name] = (words, p.counters[name][1])
-        words += p.counters[name][1]
+    """Counter words: each phase's split-K flush counters (one per group), then the named sets
+    (``reset = exit`` sets together, so the last CTA zeroes one run), then, if any, the exit
+    count, then the error word."""
+    words = 0
+    for ph in p.phases:
+        ph.flush_base, words = words, words + ph.groups
+    sizes, exits = {}, set()
+    for ph in p.phases:
+        for op in ph.units.regions[0]:
+            if lookup(op.name).has("counter"):
+                n = op.attr("index") + {"const": 1, "group": ph.groups, "unit": ph.count,
+                                        "step": ph.group}[op.attr("slot")]
+                sizes[op.attr("name")] = max(sizes.get(op.attr("name"), 0), n)
+                if op.name == "counter_wait" and op.attr("reset") == "exit":
+                    exits.add(op.attr("name"))
+            if op.name == "group_flush" and op.attr("signal"):
+                name = op.attr("signal")
+                sizes[name] = max(sizes.get(name, 0), -(-ph.groups // op.attr("per")))
+    start = words
+    for name in sorted(sizes, key=lambda n: n not in exits):   # exit sets first, together
+        stride = CHUNK_STRIDE if name in exits else 1
+        p.counters[name] = (words, sizes[name], stride)
+        words += sizes[name] * stride
+    n_exit = sum(sizes[n] for n in exits)
+    if n_exit:
+        p.exit_counters = (start, n_exit)
+        words += 1   # the exit count
     p.words = words + 1   # the error word
 
 
@@ -187,9 +247,9 @@ def _plan_smem(p: StreamPlan) -> None:
     if any(op.name == "row_rms" for op in p.kernel.body):
         off += 4 * rms_rows(p) + 4 * (CONSUMERS // 32) * p.max_batch   # fc_rms, its reduction
     p.gamma_off = off = -(-off // 16) * 16
-    gemv = next(op for op in p.units.regions[0] if op.name == "acc_gemv")
-    if len(gemv.operands) == 5:
-        off += gamma_elems(p, gemv) * gemv.operands[3].type.dtype.itemsize
+    for ph in p.phases:
+        if len(ph.gemv.operands) == 5:
+            off += gamma_elems(p, ph.gemv) * ph.gemv.operands[3].type.dtype.itemsize
     p.smem = off
 
 
@@ -204,8 +264,13 @@ def gamma_elems(p: StreamPlan, gemv: Op) -> int:
 
 
 def workspace_floats(p: StreamPlan) -> int:
-    """Split-K slots: 2 per CTA of the largest grid (the kernel's ``grid``) × max_batch × rows."""
-    return 2 * p.kernel.attr("grid") * p.max_batch * p.rows
+    """Split-K slots: 2 per CTA of the largest grid (the kernel's ``grid``) × max_batch × rows,
+    per phase (a CTA's slot of one phase may still be read by a partner while it flushes the
+    next); each phase's ``ws_off`` is set here."""
+    per = 2 * p.kernel.attr("grid") * p.max_batch * p.rows
+    for ph in p.phases:
+        ph.ws_off = ph.index * per
+    return per * len(p.phases)
 
 
 def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> KernelSource:
@@ -217,30 +282,36 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
     from fusionc.codegen import ops_stream
     options = options or CodegenOptions()
     p = plan(kernel)
+    ws = workspace_floats(p)
     params = _params(kernel, p)
     refs = {kp.value.name: kp.name for kp in params if kp.kind == "tensor"}
     ctx = ops_stream.StreamCtx(p, refs)
-    prod, cons = [], []
     for op in p.kernel.body:
         if op.name == "row_rms":
             ctx.consumer_setup += ops_stream.row_rms(op, ctx)
-    for op in p.units.regions[0]:
-        code = ops_stream.emit(op, ctx)
-        (prod if in_producer(op) else cons).append(_block(op, code))
+    for ph in p.phases:
+        ctx.phase = ph
+        prod, cons = [], []
+        for op in ph.units.regions[0]:
+            code = ops_stream.emit(op, ctx)
+            (prod if in_producer(op) else cons).append(_block(op, code))
+        ph.producer_body, ph.consumer_body = "\n".join(prod), "\n".join(cons)
     name = cnames.ident("fusionc", kernel.name)
     ring = ring_geometry(p.ring) if p.ring is not None else None
+    exit_p, exit_c = ops_stream.exit_code(ctx)
     source = render(
         "streamed.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
-        ir_lines=print_graph(kernel).splitlines(), libs=libs.render_libs({"mma", "stream", "stream_flush"}),
+        ir_lines=print_graph(kernel).splitlines(),
+        libs=libs.render_libs({"mma", "stream", "stream_flush"}),
         name=name, params=[kp.decl for kp in params], threads=p.threads, smem=p.smem,
-        count=p.count, group=p.group, ring=ring, producer=p.producer,
+        count=p.count, phases=p.phases, ring=ring, producer=p.producer,
         producer_setup=ctx.producer_setup, consumer_setup=ctx.consumer_setup,
-        producer_body="\n".join(prod), consumer_body="\n".join(cons),
-        scratch_off=p.scratch_off, consumers=CONSUMERS, epilogue=ctx.epilogue,
+        scratch_off=p.scratch_off, consumers=CONSUMERS, epilogue="\n".join(ctx.epilogues),
+        exit_code=exit_c, producer_exit=exit_p,
         stage_decls=ops_stream.stage_decls(ctx) if p.ring is not None else "") + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=kernel.attr("grid"),
                         cluster=1, threads=p.threads, smem_bytes=p.smem, params=tuple(params),
-                        workspace_floats=workspace_floats(p), counters=p.words,
+                        workspace_floats=ws, counters=p.words,
                         persistent_units=p.count, pdl=True)
 
 
@@ -260,7 +331,7 @@ def _params(kernel: Graph, p: StreamPlan) -> list[KernelParam]:
                                f"{const}{cnames.ctype(v.type.dtype)}* __restrict__ {ptr}",
                                value=v))
     from fusionc.codegen.ops_stream import tmap
-    issues = [op for op in p.units.regions[0] if op.name == "ring_issue"]
+    issues = [op for ph in p.phases for op in ph.units.regions[0] if op.name == "ring_issue"]
     geo = ring_geometry(p.ring) if p.ring is not None else None
     for op in issues:
         wbox = geo.rows // 2 if op.attr("split") else geo.rows

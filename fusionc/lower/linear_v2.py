@@ -62,46 +62,91 @@ def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
         LoweringError: shapes the v2 linear does not take (:func:`check_linear`).
     """
     from fusionc.lower.match_v2 import LinearKernel
-    spec = spec or LinearKernel(op, out=op.result)
-    x, w = op.operands[0], op.operands[1]
-    if isinstance(x.type.shape[0], int):   # a static batch sizes the kernel itself
-        max_batch = max(max_batch, x.type.shape[0])
-    check_linear(op, max_batch)
+    return lower_chain([spec or LinearKernel(op, out=op.result)], name, max_batch, grid)
+
+
+def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None) -> Graph:
+    """One streamed kernel of a chain of linears (:func:`fusionc.lower.match_v2.chains`): a
+    ``units`` region (phase) per linear, in order; phase ``p + 1`` reads phase ``p``'s output
+    in K chunks whose producer groups' flushes signal a counter per chunk (``group_flush
+    {signal, per}``), which its producer waits on (``counter_wait {slot = step, reset = exit}``)
+    before the chunk's activation boxes; its weight boxes need no wait. Arguments as
+    :func:`lower_linear`; LoweringError as :func:`check_linear`."""
+    ops = [s.linear for s in specs]
+    for op in ops:
+        x = op.operands[0]
+        if isinstance(x.type.shape[0], int):   # a static batch sizes the kernel itself
+            max_batch = max(max_batch, x.type.shape[0])
+    for op in ops:
+        check_linear(op, max_batch)
+    b = KernelBuilder(name, ops[0].loc)
+    first = specs[0]
+    norm = ()
+    if first.norm is not None:
+        x0, gamma = first.norm.operands[0], first.norm.operands[1]
+        px, pg = b.param(x0), b.param(gamma)
+        norm = (pg, b.op("row_rms", px, eps=first.norm.attr("eps"), hint="rms",
+                         loc=first.norm.loc))
+    else:
+        px = b.param(first.linear.operands[0])
+    acc = b.op("acc_alloc", types=[TensorType(DType.f32, (px.type.shape[0], ROWS))],
+               hint="acc")
+    count = 0
+    for i, spec in enumerate(specs):
+        nxt = specs[i + 1] if i + 1 < len(specs) else None
+        px, c = _phase(b, spec, acc, px, norm, i, nxt, specs[i - 1] if i else None)
+        count, norm = max(count, c), ()
+    grid = min(count, grid or H200.sms)
+    return b.build(grid=grid, cluster=1, threads=256, max_batch=max_batch)
+
+
+def _geometry(spec) -> tuple[int, int, int]:
+    """(units, units per group, output columns per group) of one linear's phase."""
+    n, k = spec.linear.operands[1].type.shape
+    kt = -(-k // tile_cols(spec.linear.operands[1].type.dtype))
+    half = ROWS // 2 if spec.split else ROWS
+    return -(-(spec.split or n) // half) * kt, kt, half
+
+
+def _phase(b: KernelBuilder, spec, acc: Value, px: Value, norm: tuple, i: int, nxt, prev):
+    """Emit the units region of one linear; returns (its output, its units)."""
+    op = spec.linear
+    w = op.operands[1]
     bias = op.operands[2] if len(op.operands) == 3 else None
-    y = spec.out
     n, k = w.type.shape
     cols = tile_cols(w.type.dtype)
-    kt = -(-k // cols)
-    half = ROWS // 2 if spec.split else ROWS
-    count = -(-(spec.split or n) // half) * kt
-    b = KernelBuilder(name, op.loc)
-    steps, extras = [], []
-    if spec.norm is not None:
-        x0, gamma = spec.norm.operands[0], spec.norm.operands[1]
-        px, pg = b.param(x0), b.param(gamma)
-    else:
-        px, pg = b.param(x), None
+    count, kt, half = _geometry(spec)
     pw = b.param(w)
+    steps, extras = [], []
     if bias is not None:
         steps.append("bias")
         extras.append(b.param(bias))
-    for s, t in spec.steps:
-        steps.append(s)
+    for st, t in spec.steps:
+        steps.append(st)
         if t is not None:
             extras.append(b.param(t))
-    py = b.output(y, pure=True)
-    batch = px.type.shape[0]
-    norm = ()
-    if spec.norm is not None:
-        norm = (pg, b.op("row_rms", px, eps=spec.norm.attr("eps"), hint="rms",
-                         loc=spec.norm.loc))
-    acc = b.op("acc_alloc", types=[TensorType(DType.f32, (batch, ROWS))], hint="acc")
+    py = b.output(spec.out, pure=True)
+    signal = {}
+    if nxt is not None:   # the next phase reads py in K chunks of `per` groups' columns
+        per = tile_cols(nxt.linear.operands[1].type.dtype) // half
+        signal = {"signal": f"ready{i}", "per": per}
     with _units(b, count, kt):
-        gemv = (acc, px, pw) + norm
-        b.op("acc_gemv", *gemv, rows=ROWS, cols=cols, n=n, k=k, split=spec.split, loc=op.loc)
-        b.op("group_flush", acc, py, *extras, rows=ROWS, epilogue=",".join(steps), loc=op.loc)
-    grid = min(count, grid or H200.sms)
-    return b.build(grid=grid, cluster=1, threads=256, max_batch=max_batch)
+        if prev is not None:
+            pcount, pkt, phalf = _geometry(prev)
+            _attr_op(b, "counter_wait", op.loc, name=f"ready{i - 1}", slot="step",
+                     target=cols // phalf, total=-(-pcount // pkt), reset="exit",
+                     warp="producer")
+        b.op("acc_gemv", acc, px, pw, *norm, rows=ROWS, cols=cols, n=n, k=k, split=spec.split,
+             loc=op.loc)
+        b.op("group_flush", acc, py, *extras, rows=ROWS, epilogue=",".join(steps), loc=op.loc,
+             **signal)
+    return py, count
+
+
+def _attr_op(b: KernelBuilder, op_name: str, loc, **attrs) -> None:
+    """Append an op without operands or results (its attributes may include ``name``)."""
+    from fusionc.ir.registry import lookup
+    b._ops[-1].append(Op(op_name, (), (), lookup(op_name).make_attrs(attrs, loc), (), loc))
 
 
 class _units:
@@ -121,4 +166,4 @@ class _units:
         return False
 
 
-__all__ = ["lower_linear", "check_linear", "tile_cols", "Value"]
+__all__ = ["lower_linear", "lower_chain", "check_linear", "tile_cols", "Value"]

@@ -15,6 +15,11 @@ For each ``linear`` of a graph, in program order (:func:`linear_kernels`):
 Each absorbed op reads its operand rounded to that value's dtype (a ``round_*`` step), as the
 graph computes it. What a kernel absorbs is never materialized; every other op must itself be a
 kernel's output.
+
+**Chains** (:func:`chains`): a linear kernel whose x is the previous one's output, used by it
+alone, runs as the next phase of the same persistent kernel (the MLP's gate/up then down), when
+both stream their tiles through the ring (row bytes a multiple of 16) in one dtype and it has no
+RMSNorm prologue.
 """
 from __future__ import annotations
 
@@ -126,3 +131,33 @@ def _epilogue_step(nxt: Op, cur: Value, order: dict, at: int):
             return None
         return nxt.name, other
     return None
+
+
+def chains(g: Graph, kernels: list[LinearKernel]) -> list[list[LinearKernel]]:
+    """``kernels`` (in program order) cut into chains that share one persistent kernel (see
+    the module docstring); every kernel is in exactly one chain."""
+    use, outputs = users(g), {v.name for v in g.outputs}
+    order = {r.name: i for i, op in enumerate(g.body) for r in op.results}
+    out: list[list[LinearKernel]] = []
+    for k in kernels:
+        prev = out[-1][-1] if out else None
+        at = order[out[-1][0].linear.result.name] if out else 0
+        early = all(order.get(t.name, -1) < at for t in _tensors(k))   # exist at launch
+        if prev is not None and early and _chains(prev, k, use, outputs):
+            out[-1].append(k)
+        else:
+            out.append([k])
+    return out
+
+
+def _chains(a: LinearKernel, b: LinearKernel, use: dict, outputs: set) -> bool:
+    x = b.linear.operands[0]
+    wa, wb = a.linear.operands[1].type, b.linear.operands[1].type
+    ring = all(w.is_static and w.shape[1] * w.dtype.itemsize % 16 == 0 for w in (wa, wb))
+    return (b.norm is None and x.name == a.out.name and x.name not in outputs and
+            len(use.get(x.name, [])) == 1 and ring and wa.dtype == wb.dtype == x.type.dtype)
+
+
+def _tensors(k: LinearKernel) -> list[Value]:
+    """What a kernel reads besides its x: weight, bias, epilogue operands."""
+    return list(k.linear.operands[1:]) + [t for _, t in k.steps if t is not None]

@@ -2,11 +2,14 @@
 plan of streamed persistent kernels (``lowering = v2``). Each shows in ``fusionc ir --after
 NAME``:
 
-``partition-units{max_batch, grid}``
+``partition-units{max_batch, grid, chain = true}``
     Every ``linear`` of a graph becomes a streamed kernel (:mod:`fusionc.lower.linear_v2`):
     ``acc_alloc``, then ``units {count, group}`` with ``acc_gemv`` on the global tiles and
-    ``group_flush``; the graph launches it. Other ops are refused by name (v2 lowers linear
-    layers so far; attention and MLP blocks take ``lowering = v1``).
+    ``group_flush``; the graph launches it. With ``chain``, linears that feed each other
+    (:func:`fusionc.lower.match_v2.chains`) share one kernel, a ``units`` region (phase) each:
+    each flush of a phase signals its K chunk of the next (``group_flush {signal, per}``), whose
+    producer waits on it (``counter_wait {slot = step, reset = exit}``). Other ops are refused
+    by name (v2 lowers linear layers so far; attention blocks take ``lowering = v1``).
 ``stream-plan{stages}``
     Where TMA can copy the rows (row bytes a multiple of 16), the tiles come through a ring:
     ``ring_alloc``, ``ring_issue`` (the producer's copies), ``ring_stage`` views read by
@@ -38,9 +41,20 @@ PRODUCER_THREADS = 288   # 8 consumer warps + the producer warp (fusionc.codegen
 V2_PIPELINE = "partition-units{{max_batch={mb}}},stream-plan,insert-barriers,smem-plan"
 
 
-def v2_pipeline(max_batch: int) -> str:
-    """The pipeline of ``lowering = v2``."""
-    return V2_PIPELINE.format(mb=max_batch)
+CHAIN_ABOVE_ROWS = 8   # chained linears share a kernel above this batch bucket (see below)
+
+
+def v2_pipeline(max_batch: int, chain: bool | None = None) -> str:
+    """The pipeline of ``lowering = v2``. ``chain``: chained linears (the MLP's gate/up and
+    down) as the phases of one kernel (True) or one kernel each under programmatic dependent
+    launch (False); default: chained above ``CHAIN_ABOVE_ROWS`` rows. Measured on an H200
+    (2026-12-02, `benchmarks/mlp_block.py --compare-unchained`, same runs): one kernel is 8-10
+    us faster at 16 rows (Llama-3-8B 104-106 vs 114-116 us) and 3-9 us slower at 1 and 4 rows
+    (100-107 vs 96-98 us; BENCHMARKS.md, issue 21)."""
+    out = V2_PIPELINE.format(mb=max_batch)
+    if chain is None:
+        chain = max_batch > CHAIN_ABOVE_ROWS
+    return out if chain else out.replace("}", ", chain=false}", 1)
 
 
 def _op(name: str, operands=(), results=(), loc=None, regions=(), **attrs) -> Op:
@@ -57,6 +71,11 @@ def _units(k: Graph) -> Op | None:
     return units_op(k)
 
 
+def _phases(k: Graph) -> list[Op]:
+    """The kernel's ``units`` regions (phases), in order."""
+    return [op for op in k.body if lookup(op.name).has("units")]
+
+
 @register_pass
 @dataclass(frozen=True)
 class PartitionUnits(Pass):
@@ -65,6 +84,7 @@ class PartitionUnits(Pass):
     name = "partition-units"
     max_batch: int = 8
     grid: int = 0
+    chain: bool = True     # chained linears as phases of one kernel (match_v2.chains)
 
     def run(self, module: Module) -> Module:
         items = [g for g in module.graphs if g.kind == "kernel"]
@@ -79,9 +99,12 @@ class PartitionUnits(Pass):
     def partition(self, g: Graph, module: Module) -> tuple[list[Graph], Graph]:
         """The kernels of graph ``g`` (:func:`fusionc.lower.match_v2.linear_kernels`) and ``g``
         launching them; LoweringError for an op no kernel takes."""
-        from fusionc.lower.linear_v2 import lower_linear
-        from fusionc.lower.match_v2 import linear_kernels
-        specs = {id(k.linear): k for k in linear_kernels(g)}
+        from fusionc.lower.linear_v2 import lower_chain
+        from fusionc.lower.match_v2 import chains, linear_kernels
+        found = linear_kernels(g)
+        specs = {id(k.linear): k for k in found}
+        cut = chains(g, found) if self.chain else [[k] for k in found]
+        chain_of = {id(k.linear): c for c in cut for k in c}
         folded = {id(o) for k in specs.values() for o in k.absorbed}
         folded |= {id(k.norm) for k in specs.values() if k.norm is not None}
         made = {p.name for p in g.params}
@@ -103,18 +126,21 @@ class PartitionUnits(Pass):
                                     valid="weights that are graph inputs on lowering v2 "
                                           "(their first tiles stream before the previous "
                                           "kernel finished)")
-            k = lower_linear(op, _kernel_name(g, i, module), self.max_batch, self.grid or None,
-                             specs[id(op)])
-            ins = k.params[:len(k.params) - 1]
+            chain = chain_of[id(op)]
+            if chain[0] is not specs[id(op)]:
+                continue   # a later phase of the kernel launched at the chain's first linear
+            k = lower_chain(chain, _kernel_name(g, i, module), self.max_batch,
+                            self.grid or None)
+            outs = tuple(c.out for c in chain)
+            ins = k.params[:len(k.params) - len(outs)]
             for v in ins:
                 if v.name not in made:
                     raise LoweringError(f"%{v.name} is folded into another kernel, but "
                                         "read here", op=op.name, loc=op.loc,
                                         valid="values used by one kernel only, or graph inputs")
-            made.add(specs[id(op)].out.name)
+            made.update(v.name for v in outs)
             kernels.append(k)
-            body.append(_op("launch", ins, (specs[id(op)].out,), op.loc,
-                            kernel=SymbolRef(k.name)))
+            body.append(_op("launch", ins, outs, op.loc, kernel=SymbolRef(k.name)))
         return kernels, g.replace(body=tuple(body))
 
 
@@ -139,30 +165,35 @@ class StreamPlan(Pass):
         return _kernels(module, self.plan)
 
     def plan(self, k: Graph) -> Graph:
-        units = _units(k)
-        if any(op.name == "ring_issue" for op in units.regions[0]):
+        phases = _phases(k)
+        if any(op.name == "ring_issue" for u in phases for op in u.regions[0]):
             return k
-        body = list(units.regions[0])
-        gemv = next(op for op in body if op.name == "acc_gemv")
-        acc, x, w = gemv.operands[:3]
-        item = w.type.dtype.itemsize
-        if (w.type.shape[1] * item) % 16:   # the plain-load path
+        gemvs = [next(op for op in u.regions[0] if op.name == "acc_gemv") for u in phases]
+        if any((g.operands[2].type.shape[1] * g.operands[2].type.dtype.itemsize) % 16
+               for g in gemvs):   # the plain-load path (lowering chains ring kernels only)
             return k
-        rows, cols = gemv.attr("rows"), gemv.attr("cols")
+        g0 = gemvs[0]
+        dt, rows, cols = g0.operands[2].type.dtype, g0.attr("rows"), g0.attr("cols")
         mb = k.attr("max_batch")
-        xrows = mb if item == 4 or mb == 1 else pad_rows(mb)   # whole mma n-tiles
-        ring = Value(f"ring_{gemv.loc.line if gemv.loc else 0}",
-                     TensorType(w.type.dtype, (self.stages, rows + xrows, cols)))
-        tw = Value(ring.name + ".w", TensorType(w.type.dtype, (rows, cols)))
-        tx = Value(ring.name + ".x", TensorType(w.type.dtype, (xrows, cols)))
-        i = body.index(gemv)
-        body[i:i + 1] = [_op("ring_issue", (ring, w, x), loc=gemv.loc, split=gemv.attr("split")),
-                         _op("ring_stage", (ring,), (tw, tx), gemv.loc, rows=rows),
-                         gemv.replace(operands=(acc, tx, tw) + gemv.operands[3:]),
-                         _op("ring_release", (ring,), loc=gemv.loc)]
+        xrows = mb if dt.itemsize == 4 else pad_rows(mb)   # whole mma n-tiles
+        ring = Value(f"ring_{g0.loc.line if g0.loc else 0}",
+                     TensorType(dt, (self.stages, rows + xrows, cols)))
         top = list(k.body)
-        top.insert(top.index(units), _op("ring_alloc", (), (ring,), gemv.loc, rows=rows))
-        top[top.index(units)] = units.replace(regions=(tuple(body),))
+        for p, (units, gemv) in enumerate(zip(phases, gemvs)):
+            body = list(units.regions[0])
+            acc, x, w = gemv.operands[:3]
+            sfx = f".{p}" if len(phases) > 1 else ""
+            tw = Value(f"{ring.name}.w{sfx}", TensorType(dt, (rows, cols)))
+            tx = Value(f"{ring.name}.x{sfx}", TensorType(dt, (xrows, cols)))
+            i = body.index(gemv)
+            body[i:i + 1] = [
+                _op("ring_issue", (ring, w, x), loc=gemv.loc, split=gemv.attr("split")),
+                _op("ring_stage", (ring,), (tw, tx), gemv.loc, rows=rows),
+                gemv.replace(operands=(acc, tx, tw) + gemv.operands[3:]),
+                _op("ring_release", (ring,), loc=gemv.loc)]
+            top[top.index(units)] = units.replace(regions=(tuple(body),))
+        top.insert(top.index(next(o for o in top if lookup(o.name).has("units"))),
+                   _op("ring_alloc", (), (ring,), g0.loc, rows=rows))
         attrs = tuple((a, PRODUCER_THREADS if a == "threads" else v) for a, v in k.attrs)
         return k.replace(body=tuple(top), attrs=attrs)
 
@@ -178,7 +209,11 @@ class InsertBarriers(Pass):
         return _kernels(module, self.insert)
 
     def insert(self, k: Graph) -> Graph:
-        units = _units(k)
+        for units in _phases(k):
+            k = self._insert(k, units)
+        return k
+
+    def _insert(self, k: Graph, units: Op) -> Graph:
         out: list[Op] = []
         views: dict[str, Value] = {}     # stage view -> its ring
         waited: set[str] = set()

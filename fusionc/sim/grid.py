@@ -33,8 +33,8 @@ VIRTUAL_GRID = 6   # CTAs simulated by default (the GPU runs min(resident CTAs, 
 def run_streamed(kernel: Graph, memory: GlobalMemory, env: dict, grid: int | None = None,
                  seed: int = 0, lazy_copies: bool = False) -> None:
     """Run ``kernel`` (with a ``units`` region) on ``memory`` over ``grid`` virtual CTAs."""
-    uop = units_op(kernel)
-    count, group = uop.attr("count"), uop.attr("group")
+    phases = [op for op in kernel.body if lookup(op.name).has("units")]
+    count = max(op.attr("count") for op in phases)
     if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or grid < 1):
         raise InputError(f"grid = {grid!r}", op=kernel.name,
                          valid="a positive number of virtual CTAs, or None")
@@ -44,7 +44,8 @@ def run_streamed(kernel: Graph, memory: GlobalMemory, env: dict, grid: int | Non
             raise InputError(f"{sym} = {n} exceeds the kernel's max_batch = {mb}", op=kernel.name,
                              valid=f"{sym} <= {mb}, or a kernel compiled for a larger bucket")
     g = UnitSchedule.launch_grid(count, grid or min(VIRTUAL_GRID, kernel.attr("grid")))
-    state = Grid(UnitSchedule(count, group, g))
+    state = Grid([UnitSchedule(op.attr("count"), op.attr("group"), min(g, op.attr("count")))
+                  for op in phases])
     rng = random.Random(seed)
     coros: list[list] = []   # [generator, pending Block or None]
     for cid in range(g):
@@ -52,7 +53,7 @@ def run_streamed(kernel: Graph, memory: GlobalMemory, env: dict, grid: int | Non
         for p in kernel.params:
             cta.values[p.name] = p
         cta.stream = StreamCTA(cta, state, kernel)
-        coros.append([_cta_program(kernel, uop, cta, coros), None])
+        coros.append([_cta_program(kernel, phases, cta, coros), None])
     while True:
         live = [c for c in coros if c[0] is not None]
         if not live and not state.copies:
@@ -72,25 +73,31 @@ def run_streamed(kernel: Graph, memory: GlobalMemory, env: dict, grid: int | Non
             pick[0], pick[1] = None, None
 
 
-def _cta_program(kernel: Graph, uop: Op, cta: CTA, coros: list) -> Iterator:
-    """The CTA's main coroutine: prologue ops, the two roles over the units, epilogue ops."""
+def _cta_program(kernel: Graph, phases: list, cta: CTA, coros: list) -> Iterator:
+    """The CTA's main coroutine: prologue ops, the two roles over the units of every phase,
+    epilogue ops."""
     body = list(kernel.body)
-    at = body.index(uop)
+    at, end = body.index(phases[0]), body.index(phases[-1])
     yield from _run(body[:at], cta, "consumer")
-    roles = [[_role(uop, cta, r), None] for r in ("producer", "consumer")]
+    roles = [[_role(phases, cta, r), None] for r in ("producer", "consumer")]
     coros.extend(roles)
     while any(r[0] is not None for r in roles):
         yield Block(lambda: all(r[0] is None for r in roles), f"CTA {cta.gid} joins its warps",
-                    uop)
-    yield from _run(body[at + 1:], cta, "consumer")
+                    phases[-1])
+    yield from _run(body[end + 1:], cta, "consumer")
 
 
-def _role(uop: Op, cta: CTA, role: str) -> Iterator:
-    sched = cta.stream.grid.sched
-    ops = [op for op in uop.regions[0] if in_producer(op) == (role == "producer")]
-    for j, u in enumerate(sched.units(cta.gid)):
-        cta.stream.pos[role] = (j, u)
-        yield from _run(ops, cta, role)
+def _role(phases: list, cta: CTA, role: str) -> Iterator:
+    """One role (producer or consumers) over the CTA's units of each phase in turn; ``j``, the
+    ring's stage index, runs on over the phases (as in the generated kernel)."""
+    j = 0
+    for p, uop in enumerate(phases):
+        ops = [op for op in uop.regions[0] if in_producer(op) == (role == "producer")]
+        for u in cta.stream.grid.scheds[p].units(cta.gid):
+            cta.stream.pos[role] = (j, u)
+            cta.stream.phase[role] = p
+            yield from _run(ops, cta, role)
+            j += 1
 
 
 def _run(ops, cta: CTA, role: str) -> Iterator:
@@ -128,7 +135,8 @@ def _resume(gen: Iterator, cta: CTA, role: str):
 
 def _hang(kernel: Graph, blocks: list[Block | None]) -> None:
     waits = [b for b in blocks if b is not None]
-    signals = {(op.attr("name")) for op in kernel.walk() if op.name == "counter_signal"}
+    signals = {op.attr("name") for op in kernel.walk() if op.name == "counter_signal"}
+    signals |= {op.attr("signal") for op in kernel.walk() if op.name == "group_flush"}
     for b in waits:
         if b.counter is not None and b.counter[0] not in signals:
             raise SimulationError(f"a counter nothing signals: {b.what}, and no counter_signal "

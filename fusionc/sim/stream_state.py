@@ -79,7 +79,7 @@ class StageView:
 class Grid:
     """State shared by the CTAs of one launch: counters, split-K partials, pending copies."""
 
-    sched: UnitSchedule
+    scheds: list                 # one UnitSchedule per phase (units region)
     counters: dict = field(default_factory=dict)
     released: dict = field(default_factory=dict)   # counter -> CTAs whose writes it publishes
     partials: dict = field(default_factory=dict)   # (output, group) -> {cta: partial}
@@ -97,12 +97,24 @@ class StreamCTA:
         self.cta, self.grid, self.kernel = cta, grid, kernel
         self.rings: dict[str, Ring] = {}
         self.pos = {"producer": (0, 0), "consumer": (0, 0)}
+        self.phase = {"producer": 0, "consumer": 0}
         self.role = "consumer"
         # per role (the producer warp and the consumer warps are not ordered with each other
         # except through the ring): CTAs whose released writes the role acquired, and whether
         # it acquired generic writes since its last proxy fence
         self.visible = {"producer": {cta.gid}, "consumer": {cta.gid}}
         self.proxy_dirty = {"producer": False, "consumer": False}
+
+    @property
+    def sched(self) -> UnitSchedule:
+        """The schedule of the phase the current role is in."""
+        return self.grid.scheds[self.phase[self.role]]
+
+    def _region(self) -> tuple:
+        """The ops of the units region (phase) the current role is in."""
+        from fusionc.ir.registry import lookup
+        phases = [op for op in self.kernel.body if lookup(op.name).has("units")]
+        return phases[self.phase[self.role]].regions[0]
 
     # -- ring --------------------------------------------------------------------------------
     def alloc(self, op, args):
@@ -138,7 +150,7 @@ class StreamCTA:
                          f"CTA {self.cta.gid} copies unit {u} into stage {s} while its fill "
                          f"{ring.issued[s] - 1} is not released by the consumers",
                          "ring_claim before ring_issue")
-        g, step = divmod(u, self.grid.sched.group)
+        g, step = divmod(u, self.sched.group)
         rows, cols = ring.rows, ring.data.shape[2]
         data = np.zeros(ring.data.shape[1:], np.float32)
         wt = self._wrows(op, op.operands[1].name, g, rows, op.attr("split"), step * cols, cols,
@@ -237,7 +249,7 @@ class StreamCTA:
     def acc_gemv(self, op, args):
         acc, x, w = args[:3]
         _, u = self.pos[self.role]
-        g, step = divmod(u, self.grid.sched.group)
+        g, step = divmod(u, self.sched.group)
         rows, cols, n, k = (op.attr(a) for a in ("rows", "cols", "n", "k"))
         if isinstance(w, StageView):
             wt, xt = self.view(w, op), self.view(x, op)
@@ -264,7 +276,7 @@ class StreamCTA:
 
     def flush(self, op, args):
         acc = args[0]
-        sched = self.grid.sched
+        sched = self.sched
         _, u = self.pos[self.role]
         g = sched.group_of(u)
         if u % sched.group != sched.group - 1 and u != sched.units(self.cta.gid).stop - 1:
@@ -278,13 +290,17 @@ class StreamCTA:
             for c in order:
                 total = total + parts[c]
             self._store(op, g, total, args)
+            if op.attr("signal"):   # the writer publishes the stored tile
+                key = (op.attr("signal"), g // op.attr("per"))
+                self.grid.counters[key] = self.grid.counters.get(key, 0) + 1
+                self.grid.released.setdefault(key, set()).update(self.visible[self.role])
         return ()
 
     def _store(self, op, g, total, args):
         from fusionc.stream import epilogue
         y = op.operands[1]
         arr = self.cta.memory.arrays[y.name]
-        gemv = next(o for o in self.kernel.walk() if o.name == "acc_gemv")
+        gemv = next(o for o in self._region() if o.name == "acc_gemv")
         extras = [self.cta.memory.arrays[v.name] for v in op.operands[2:]]   # kernel inputs
         tile, n0 = epilogue.apply(epilogue.parse(op.attr("epilogue")), total[:arr.shape[0]],
                                   extras, g, op.attr("rows"), gemv.attr("split"), arr.shape[1])
@@ -295,7 +311,8 @@ class StreamCTA:
     # -- counters ----------------------------------------------------------------------------
     def _slot(self, op):
         _, u = self.pos[self.role]
-        base = {"const": 0, "group": self.grid.sched.group_of(u), "unit": u}[op.attr("slot")]
+        base = {"const": 0, "group": self.sched.group_of(u), "unit": u,
+                "step": u % self.sched.group}[op.attr("slot")]
         return (op.attr("name"), base + op.attr("index"))
 
     def signal(self, op, args):
@@ -305,10 +322,13 @@ class StreamCTA:
         return ()
 
     def counter_wait(self, op, args):
-        key, target = self._slot(op), op.attr("target")
+        from fusionc.stream.schedule import wait_target
+        key = self._slot(op)
+        target = wait_target(op.attr("target"), op.attr("total"), key[1])
         yield Block(lambda: self.grid.counters.get(key, 0) >= target, f"CTA {self.cta.gid} "
                     f"waits for {key[0]}[{key[1]}] >= {target}", op, key)
-        self.grid.counters[key] -= target
+        if op.attr("reset") == "wait":   # reset = exit: the kernel's last CTA zeroes the set
+            self.grid.counters[key] -= target
         role = self.role   # restored by the scheduler after the wait
         self.visible[role] |= self.grid.released.get(key, set())
         self.proxy_dirty[role] = True

@@ -98,11 +98,12 @@ def apply(steps, tile: np.ndarray, extras: list, g: int, rows: int, split: int,
     return v[:, :width], n0
 
 
-def c_struct(steps, ctype_y: str, ctypes: list[str], split: int) -> str:
+def c_struct(steps, ctype_y: str, ctypes: list[str], split: int, name: str = "FcEpi") -> str:
     """The C++ epilogue functor of one flush: ``put(b, r, v)`` (unpaired) or
     ``put2(b, r, gate, up)`` (paired) stores output element ``(b, n0 + r)``; the flush helpers
     of ``templates/lib/stream.cuh.j2`` call them. Fields: ``y``, ``o0..`` (step operands, in
-    order), ``N`` (output columns), ``M`` (batch rows), ``n0`` (the group's first column)."""
+    order), ``N`` (output columns), ``M`` (batch rows), ``n0`` (the group's first column).
+    ``name``: the struct's name (one per phase of a kernel)."""
     fields = []
     for i, s in enumerate(s for s in steps if STEPS[s]):
         fields.append(f"const {ctypes[i]}* o{i};")
@@ -134,7 +135,7 @@ def c_struct(steps, ctype_y: str, ctypes: list[str], split: int) -> str:
                 "    const int wr = n;\n    (void)wr;\n" +
                 "".join(f"    {c}\n" for c in pre) + store + "  }\n")
         body += "  FC_DEVICE void put2(int, int, float, float) const {}  // paired tiles only\n"
-        return "struct FcEpi {\n  static constexpr bool PAIR = false;\n" + head + body + "};"
+        return f"struct {name} {{\n  static constexpr bool PAIR = false;\n" + head + body + "};"
     row = "".join(f"      {c}\n" for c in pre)
     body = ("  FC_DEVICE float row(int b, int wr, float v) const {\n" + row.replace("      ", "    ")
             + "    return v;\n  }\n"
@@ -143,7 +144,7 @@ def c_struct(steps, ctype_y: str, ctypes: list[str], split: int) -> str:
             "    float v = (g / (1.0f + expf(-g))) * u;\n" +
             "".join(f"    {c}\n" for c in post) + store + "  }\n")
     body += "  FC_DEVICE void put(int, int, float) const {}  // unpaired tiles only\n"
-    return "struct FcEpi {\n  static constexpr bool PAIR = true;\n" + head + body + "};"
+    return f"struct {name} {{\n  static constexpr bool PAIR = true;\n" + head + body + "};"
 
 
 def norm_activations(x: np.ndarray, r: np.ndarray, gamma: np.ndarray, dtype) -> np.ndarray:

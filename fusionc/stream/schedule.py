@@ -31,6 +31,9 @@ class UnitSchedule:
         group: units per output group (row block): K chunks of one row block (> 0, divides
             nothing in particular: the last group may be shorter).
         grid: CTAs of the launch; callers pass ``min(grid, count)`` (:meth:`launch_grid`).
+            In a kernel of several phases each phase takes ``min(gridDim.x, count)`` CTAs
+            and the CTAs past them have no units of it (so every contributor of a split
+            group runs units of it).
     """
 
     count: int
@@ -57,7 +60,9 @@ class UnitSchedule:
         return cta * self.count // self.grid
 
     def units(self, cta: int) -> range:
-        """The units CTA ``cta`` runs, in order."""
+        """The units CTA ``cta`` runs, in order (none past the grid: a larger phase's CTAs)."""
+        if cta >= self.grid:
+            return range(self.count, self.count)
         return range(self.start(cta), self.start(cta + 1))
 
     def cta_of(self, unit: int) -> int:
@@ -81,3 +86,16 @@ class UnitSchedule:
         """Workspace slot of CTA ``cta``'s partial sum of group ``g``."""
         first = self.group_of(self.start(cta))
         return 2 * cta + (0 if g == first else 1)
+
+
+def wait_target(target: int, total: int, slot: int) -> int:
+    """Signals counter slot ``slot`` of a ``counter_wait {target, total}`` waits for: ``target``,
+    or, with ``total = T > 0`` signals over all slots, what is left of T at the last slot
+    (``min(target, T - target·slot)``: a phase reading K chunks of ``target`` producer groups
+    each, the last chunk shorter). The templates emit :func:`wait_target_c`."""
+    return target if not total else min(target, total - target * slot)
+
+
+def wait_target_c(target: int, total: int, slot: str) -> str:
+    """:func:`wait_target` as a C expression of the slot expression ``slot``."""
+    return f"{target}u" if not total else f"(unsigned)min({target}, {total} - {target} * ({slot}))"

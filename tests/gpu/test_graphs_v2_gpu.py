@@ -3,7 +3,9 @@ each against the float64 interpreter on fresh random inputs, outputs poisoned fi
 MLP block (RMSNorm prologue, paired gate/up tiles with the SwiGLU epilogue, the residual
 epilogue) at batch 1–16 in f16 and bf16, an intermediate size that is no multiple of 1024, the
 plain-load path (rows TMA cannot copy), separate gate/up weights (silu and mul epilogues), a
-bias + cast chain, and 200 CUDA-graph replays of the MLP."""
+bias + cast chain, and 200 CUDA-graph replays of the MLP. Chained linears (the MLP's gate/up
+then down, ``@chain``) run as the phases of one persistent kernel wherever every row can be
+copied by TMA, also on grids of 1 and 5 CTAs."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
 import pathlib
 
@@ -33,13 +35,18 @@ def _module(case):
     return load_file(str(EXAMPLE), hidden=hidden, inter=inter, dtype=dt)
 
 
-def compiled(case):
-    return fc.compile(_module(case), case[0], max_batch=case[5], lowering="v2")
+def compiled(case, chain=True):
+    """The case on lowering v2; ``chain``: chained linears in one kernel of phases (True) or
+    one kernel each (False), whatever the default picks for the batch."""
+    from fusionc.passes.stream import v2_pipeline
+    return fc.compile(_module(case), case[0], max_batch=case[5], lowering="v2",
+                      pipeline=v2_pipeline(case[5], chain=chain))
 
 
 def precompile():
     for case in CASES:
-        compiled(case)
+        for chain in (True, False):
+            compiled(case, chain)
 
 
 def _inputs(g, case, rng):
@@ -71,32 +78,65 @@ def _run(fn, g, args, dt):
     return download(y, o.type.dtype), dev, y
 
 
+@pytest.mark.parametrize("chain", [True, False], ids=["chained", "unchained"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_graph_v2_against_float64(case):
+def test_graph_v2_against_float64(case, chain):
     m = _module(case)
     g = m[case[0]]
-    fn = compiled(case)
+    fn = compiled(case, chain)
     args = _inputs(g, case, np.random.default_rng())
     ref, = interpret(m, args, graph=case[0], precise=True)
     out, _, _ = _run(fn, g, args, case[3])
     err = rel(out, ref)
     loaded = list(fn._loaded.values())
-    record("graphs v2", "-".join(map(str, case)), f"{err:.1e}, {len(loaded)} kernels")
+    record("graphs v2", "-".join(map(str, case)) + ("" if chain else " unchained"),
+           f"{err:.1e}, {len(loaded)} kernels")
     assert np.isfinite(out).all() and err <= (1e-4 if case[3] == "f32" else 1e-2)
+    assert len(loaded) == _kernels(case, chain)
     assert all(lk.errors() == 0 and int(lk.counters.sum()) == 0 for lk in loaded)
 
 
-def test_mlp_v2_graph_replays():
-    """The MLP (two kernels under programmatic dependent launch) replayed 200 times in a CUDA
-    graph on one set of buffers: the result stays right and the counters reset themselves."""
-    import cupy
-    from fusionc.runtime.transfer import download, nan_bits
+def _kernels(case, chain) -> int:
+    """Kernels of a case: chained linears share one when every weight row is TMA-copyable."""
+    name, hidden, inter, dt = case[:4]
+    item = DType(dt).itemsize
+    ring = chain and hidden * item % 16 == 0 and inter * item % 16 == 0
+    return {"mlp": 1 if ring else 2, "mlp_shard": 1 if ring else 2, "chain": 1 if ring else 2,
+            "swiglu": 2, "norm_silu": 1}[name]
+
+
+def _mlp():
+    """The bf16 MLP at 3 rows in one persistent kernel: (case, graph, callable, inputs, the
+    float64 reference)."""
     case = CASES[1]
     m = _module(case)
     g = m["mlp"]
-    fn = compiled(case)
     args = _inputs(g, case, np.random.default_rng())
     ref, = interpret(m, args, graph="mlp", precise=True)
+    return case, g, compiled(case), args, ref
+
+
+@pytest.mark.parametrize("grid", [1, 5])
+def test_mlp_v2_on_small_grids(grid):
+    """One persistent MLP kernel on fewer CTAs than units: each CTA runs many gate/up units,
+    then many down units that wait on the other CTAs' chunks."""
+    case, g, fn, args, ref = _mlp()
+    _run(fn, g, args, case[3])   # loads the kernel
+    lk, = fn._loaded.values()
+    lk.grid = grid
+    out, _, _ = _run(fn, g, args, case[3])
+    err = rel(out, ref)
+    record("graphs v2", f"mlp on {grid} CTAs", f"{err:.1e}")
+    assert err <= 1e-2 and lk.errors() == 0 and int(lk.counters.sum()) == 0
+
+
+def test_mlp_v2_graph_replays():
+    """The MLP (one persistent kernel: gate/up units, per-chunk counters, down units) replayed
+    200 times in a CUDA graph on one set of buffers: the result stays right and the counters
+    reset themselves."""
+    import cupy
+    from fusionc.runtime.transfer import download, nan_bits
+    case, g, fn, args, ref = _mlp()
     _, dev, y = _run(fn, g, args, case[3])
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:

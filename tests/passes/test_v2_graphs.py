@@ -26,17 +26,52 @@ def region(k) -> list[str]:
     return [op.name for op in k.body] + ["|"] + [op.name for op in units.regions[0]]
 
 
-def test_mlp_becomes_two_kernels_with_prologue_pair_and_residual():
+def phases(k) -> list:
+    return [op for op in k.body if op.name == "units"]
+
+
+def test_mlp_is_one_kernel_of_two_phases_with_prologue_pair_and_residual():
     m = run_pipeline(example("graphs_v2", hidden=256, inter=200), "partition-units{max_batch=4}")
-    k1, k2 = kernels(Module(tuple(g for g in m.graphs if g.name.startswith("mlp_k"))))
-    assert region(k1) == ["row_rms", "acc_alloc", "units", "|", "acc_gemv", "group_flush"]
-    gemv, flush = next(op for op in k1.body if op.name == "units").regions[0]
+    k, = kernels(Module(tuple(g for g in m.graphs if g.name.startswith("mlp_k"))))
+    assert [op.name for op in k.body] == ["row_rms", "acc_alloc", "units", "units"]
+    p1, p2 = phases(k)
+    gemv, flush = p1.regions[0]
     assert len(gemv.operands) == 5 and gemv.attr("split") == 200   # gamma, 1/rms; up at 200
     assert flush.attr("epilogue") == "round_bf16,silu_mul"   # the graph rounds gate_up
-    assert next(op for op in k1.body if op.name == "units").attr("count") == 7 * 2  # ⌈200/32⌉·2
-    flush2 = next(op for op in k2.body if op.name == "units").regions[0][-1]
+    assert (flush.attr("signal"), flush.attr("per")) == ("ready0", 4)  # 128 / 32 columns
+    assert p1.attr("count") == 7 * 2  # ⌈200/32⌉·2
+    wait, gemv2, flush2 = p2.regions[0]
+    assert dict(wait.attrs) == {"name": "ready0", "slot": "step", "index": 0, "warp": "producer",
+                                "target": 4, "total": 7, "reset": "exit"}
+    assert gemv2.operands[1].name == flush.operands[1].name == "act"
     assert flush2.attr("epilogue") == "round_bf16,add" and flush2.operands[2].name == "x"
+    assert [op.name for op in m["mlp"].body] == ["launch"]
+    assert [v.name for v in m["mlp"].body[0].results] == ["act", "0"]
+
+
+def test_the_default_chains_above_eight_rows():
+    from fusionc.passes.stream import CHAIN_ABOVE_ROWS
+    assert "chain=false" in v2_pipeline(CHAIN_ABOVE_ROWS)
+    assert "chain=false" not in v2_pipeline(CHAIN_ABOVE_ROWS + 1)
+    assert "chain=false" not in v2_pipeline(1, chain=True)
+
+
+def test_chain_false_keeps_one_kernel_per_linear():
+    m = run_pipeline(example("graphs_v2", hidden=256, inter=200),
+                     "partition-units{max_batch=4, chain=false}")
+    ks = [g for g in kernels(m) if g.name.startswith("mlp_k")]
+    assert [len(phases(k)) for k in ks] == [1, 1]
     assert [op.name for op in m["mlp"].body] == ["launch", "launch"]
+
+
+def test_a_chain_stops_where_the_next_epilogue_reads_a_later_value():
+    @fc.graph
+    def g(x: fc.f16["B", 64], a: fc.f16[64, 64], b: fc.f16[64, 64], c: fc.f16[64, 64]):
+        h = fc.linear(x, a, name="h")
+        t = fc.linear(x, c, name="t")      # computed after h's kernel would launch
+        return fc.linear(h, b, name="y") + t
+    low = run_pipeline(g, v2_pipeline(2, chain=True))
+    assert sorted(len(phases(k)) for k in kernels(low)) == [1, 1, 1]
 
 
 def test_separate_gate_and_up_weights_fold_silu_then_mul():
@@ -50,11 +85,12 @@ def test_separate_gate_and_up_weights_fold_silu_then_mul():
 @given(graph=st.sampled_from(["swiglu", "norm_silu", "mlp", "mlp_shard", "linear", "chain"]),
        hidden=st.sampled_from([128, 256, 520, 1003]), inter=st.sampled_from([64, 200, 328]),
        dtype=st.sampled_from(["f16", "bf16", "f32"]), batch=st.integers(1, 5),
-       seed=st.integers(0, 2**16))
-def test_example_graphs_simulate_like_the_interpreter(graph, hidden, inter, dtype, batch, seed):
+       seed=st.integers(0, 2**16), chain=st.booleans())
+def test_example_graphs_simulate_like_the_interpreter(graph, hidden, inter, dtype, batch, seed,
+                                                      chain):
     m = example("graphs_v2", hidden=hidden, inter=inter, dtype=dtype)
     g = Module((m[graph],))
-    low = run_pipeline(g, v2_pipeline(batch))
+    low = run_pipeline(g, v2_pipeline(batch, chain=chain))
     args = inputs(m[graph], batch, [], np.random.default_rng(seed))
     ref, = interpret(g, args)
     out, = simulate(low, args)
@@ -207,8 +243,8 @@ def test_outlier_activations_are_normed_before_rounding():
 
 
 def test_a_cast_keeps_the_rounding_to_the_16_bit_dtype():
-    m = run_pipeline(example("graphs_v2", hidden=256, inter=200), v2_pipeline(2))
-    flush = next(op for op in m["chain_k1"].body if op.name == "units").regions[0][-1]
+    m = run_pipeline(example("graphs_v2", hidden=256, inter=200), v2_pipeline(2, chain=True))
+    flush = phases(m["chain_k0"])[-1].regions[0][-1]   # the second linear: the chain's phase 2
     assert flush.attr("epilogue") == "round_bf16" and flush.operands[1].type.dtype.value == "f32"
 
 

@@ -39,12 +39,13 @@ def check_region(units, graph) -> None:
             fail(st, f"rows = {st.attr('rows')} of a ring of {ring.attr('rows')} weight rows",
                  f"rows = {ring.attr('rows')}")
     for w in (o for o in body if o.name == "counter_wait"):
-        # the wait subtracts its target: one waiter per slot, i.e. one unit
-        if not (w.attr("slot") == "unit" or (w.attr("slot") == "group" and
-                                              units.attr("group") == 1)):
+        # reset = wait subtracts the target: one waiter per slot, i.e. one unit
+        if w.attr("reset") == "wait" and not (
+                w.attr("slot") == "unit" or (w.attr("slot") == "group" and
+                                             units.attr("group") == 1)):
             fail(w, f"slot = {w.attr('slot')}: every unit (and CTA) of a slot waits on it, but a "
                     "wait resets the counter for one waiter", "slot = unit (or group with "
-                    "groups of one unit)")
+                    "groups of one unit), or reset = exit")
     mb = graph.attr("max_batch")
     for ring in rings.values():
         xrows = ring.result.type.shape[1] - ring.attr("rows")
@@ -97,3 +98,31 @@ def check_tiles(units, graph) -> None:
         if epilogue.problem(every) is None and epilogue.paired(every) != bool(split):
             fail(f, f"epilogue {f.attr('epilogue')!r} with acc_gemv split = {split}",
                  "silu_mul exactly when the tiles are paired (acc_gemv split > 0)")
+
+
+def check_phases(graph) -> None:
+    """A kernel's phases (``units`` regions) agree on their chunk counters: each
+    ``counter_wait {reset = exit}`` waits on a set that a flush of an earlier phase signals
+    (``group_flush {signal, per}``) with ``target = per`` and ``total`` = that phase's groups,
+    and a set signalled by flushes is waited on only that way (else a wait never returns, or
+    returns before the chunk it guards is stored)."""
+    from fusionc.ir.registry import lookup
+    phases = [o for o in graph.body if lookup(o.name).has("units")]
+    signals = {}   # name -> (phase, per, groups)
+    for p, u in enumerate(phases):
+        groups = -(-u.attr("count") // u.attr("group"))
+        for f in (o for o in u.regions[0] if o.name == "group_flush" and o.attr("signal")):
+            signals[f.attr("signal")] = (p, f.attr("per"), groups)
+    for p, u in enumerate(phases):
+        for w in (o for o in u.regions[0] if o.name == "counter_wait"):
+            got = signals.get(w.attr("name"))
+            if got is None:
+                continue
+            sp, per, groups = got
+            if sp >= p or w.attr("reset") != "exit" or \
+                    (w.attr("target"), w.attr("total")) != (per, groups):
+                fail(w, f"a wait on '{w.attr('name')}' (signalled by phase {sp}'s flushes, "
+                        f"{per} groups per counter of {groups}) in phase {p} with target = "
+                        f"{w.attr('target')}, total = {w.attr('total')}, reset = "
+                        f"{w.attr('reset')}", f"in a later phase, target = {per}, total = "
+                        f"{groups}, reset = exit")

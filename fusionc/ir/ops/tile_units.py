@@ -7,7 +7,12 @@
     in the CTA's producer warp (``ring_claim``, ``ring_issue``), the others in its consumer
     warps; the two interleave freely, ordered only by the ring's mbarriers. The grid is
     persistent: its size comes from the occupancy at load time (never from the model), at most
-    ``count``. Only at the top level of a kernel, one per kernel.
+    the largest ``count``. Only at the top level of a kernel. A kernel may hold several:
+    *phases*, run one after the other by each role of every CTA (the producer may stream a
+    later phase's weights while the consumers finish an earlier one); the ring's stage index
+    ``j`` counts the CTA's units over all phases. A phase that reads what an earlier phase
+    wrote waits on the counters that phase's flushes signal: every CTA of the grid must then be
+    resident at once (the runtime launches at most the resident CTAs).
 ``%acc = acc_alloc() : f32[B, rows]``
     An fp32 accumulator of one output tile (registers of the consumer threads), zero.
 ``acc_gemv(%acc, %x, %w, %gamma?, %r?) {rows, cols, n, k, split = 0}``
@@ -33,15 +38,21 @@
     Columns past ``y``'s last dim are dropped. ``epilogue``: steps with one ``%extra`` operand
     each where they take one (``bias``, ``silu``, ``silu_mul``, ``add``, ``mul``, ``round_*``;
     :mod:`fusionc.stream.epilogue`); with ``silu_mul`` the group writes ``rows/2`` columns.
+    ``signal = NAME`` (with ``per``): once the group's tile is stored, its writer releases
+    (GPU scope) and adds 1 to counter ``NAME[g // per]``: a later phase that reads ``y`` in K
+    chunks of ``per`` groups' columns waits on the chunk's counter.
 ``counter_signal() {name, slot = const|group|unit, index, warp = consumer|producer}``
     Release (GPU scope) then add 1 to counter ``name[slot]`` (slot = ``index``, or
     ``index + g``, or ``index + u``).
-``counter_wait() {name, slot, index, target}``
+``counter_wait() {name, slot, index, target, total = 0, reset = wait}``
     Spin (acquire, GPU scope, bounded: after 2 s a host-visible error flag is set and the wait
-    gives up) until ``name[slot] >= target``, then subtract ``target``: counters return to zero
-    by themselves, so CUDA-graph replays need no host reset (one waiter per slot). A wait may
-    only wait on units with lower tickets (earlier units), so that it cannot deadlock on a
-    grid that is not fully resident.
+    gives up) until ``name[slot] >= target``; ``slot = step`` is ``index + s``. ``total = T``:
+    the slots share T signals, ``target`` per slot and the rest in the last
+    (:func:`fusionc.stream.schedule.wait_target`). ``reset = wait``: the wait subtracts its
+    target, so counters return to zero by themselves and CUDA-graph replays need no host reset
+    (one waiter per slot); ``reset = exit``: any number of waiters, and the last CTA to leave
+    the kernel sets the counter set back to zero. A wait may only wait on units with lower
+    tickets (earlier units or earlier phases), so that it cannot deadlock on a resident grid.
 """
 from __future__ import annotations
 
@@ -75,10 +86,10 @@ def _verify_units(op, graph, module):
         return
     if not any(o is op for o in graph.body):
         fail(op, "units inside a region", "units() at the top level of the kernel")
-    if sum(1 for o in graph.body if o.name == "units") > 1:
-        fail(op, "a second units region", "one units() per kernel")
-    from fusionc.ir.ops.stream_checks import check_region
+    from fusionc.ir.ops.stream_checks import check_phases, check_region
     check_region(op, graph)
+    if next(o for o in graph.body if o.name == "units") is op:   # once per kernel
+        check_phases(graph)
 
 
 def _infer_acc(op):
@@ -165,7 +176,8 @@ def _verify_gemv(op, graph, module):
 _WARP = attr("warp", enum("consumer", "producer"), "consumer", omit=True,
              doc="which warps run it: the producer waits before TMA reads of data others wrote")
 _slot = (attr("name", STR, doc="counter set"),
-         attr("slot", enum("const", "group", "unit"), "const"), attr("index", NONNEG_INT, 0),
+         attr("slot", enum("const", "group", "unit", "step"), "const"),
+         attr("index", NONNEG_INT, 0),
          _WARP)
 
 
@@ -199,7 +211,9 @@ register(OpDef("row_rms", __doc__, ("x",), (attr("eps", FLOAT),), _infer_rms, wh
                simulate=_sim("row_rms")))
 register(OpDef("group_flush", __doc__, ("acc", "y", "extra*"),
                (attr("rows", POS_INT), attr("epilogue", STR, "", omit=True,
-                                            doc="steps, comma-separated")),
+                                            doc="steps, comma-separated"),
+                attr("signal", STR, "", omit=True, doc="counter set a stored tile signals"),
+                attr("per", POS_INT, 1, omit=True, doc="groups per signalled counter")),
                _infer_flush, where=K, simulate=_sim("flush"), verify=_verify_flush,
                traits=frozenset({"accumulates"})))
 register(OpDef("counter_signal", __doc__, (), _slot, lambda op: (), where=K,
@@ -209,6 +223,8 @@ def _verify_wait(op, graph, module):
     inside_units(op, graph)
 
 
-register(OpDef("counter_wait", __doc__, (), _slot + (attr("target", POS_INT, 1),),
+register(OpDef("counter_wait", __doc__, (), _slot + (
+                   attr("target", POS_INT, 1), attr("total", NONNEG_INT, 0, omit=True),
+                   attr("reset", enum("wait", "exit"), "wait", omit=True)),
                lambda op: (), where=K, simulate=_sim("counter_wait"), verify=_verify_wait,
                traits=frozenset({"counter"})))
