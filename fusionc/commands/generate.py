@@ -49,9 +49,9 @@ def setup(p):
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, default 1")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--tp", type=int, default=1, choices=(1, 2),
-                   help="tensor-parallel GPUs (2 is refused: the model front does not shard "
-                        "checkpoints yet)")
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel ranks: with --cpu, simulated ranks that each load "
+                        "their shard of the checkpoint (on GPUs only 1 so far)")
     p.add_argument("--autotune", action="store_true", help="search kernel choices on the GPU")
     p.add_argument("--cpu", action="store_true",
                    help="run the graphs in the interpreter on the CPU (slow; no GPU needed)")
@@ -63,11 +63,12 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from fusionc.models import Decoder, HostDecoder, Sampling, generate
-    if args.tp != 1:
-        raise InputError("--tp 2", valid="--tp 1: the TP layer and its collectives run "
-                         "(fusionc launch -n 2 -- python3 -m fusionc run "
-                         "examples/tp2_llama_layer.py), but generate does not shard a "
-                         "checkpoint over ranks yet")
+    if args.tp != 1 and not args.cpu:
+        raise InputError(f"--tp {args.tp} on GPUs",
+                         valid="--tp 1, or --tp N --cpu (simulated ranks): the TP layer and "
+                               "its collectives run on GPUs (fusionc launch -n 2 -- python3 -m "
+                               "fusionc run examples/tp2_llama_layer.py), but the GPU decoder "
+                               "does not shard over ranks yet")
     from fusionc.models import load_config
     sampling = Sampling(args.temperature, args.top_p, args.seed)
     cfg = load_config(args.model)
@@ -90,13 +91,15 @@ def run(args) -> int:
         def progress(msg):
             bar.set_postfix_str(msg)
             bar.update()
+        kw = dict(tp=args.tp) if args.cpu else {}
         dec = cls.from_pretrained(args.model, batch=args.batch, max_seq=max_seq,
                                   dtype=args.dtype, autotune=args.autotune,
-                                  progress=None if args.cpu else progress)
+                                  progress=None if args.cpu else progress, **kw)
     gen = generate(dec, args.prompt_tokens, args.max_new_tokens, sampling)
     for row in gen.tokens:
         print(",".join(str(int(t)) for t in row))
-    where = "CPU interpreter" if args.cpu else "GPU"
+    where = ("CPU interpreter" + (f", {args.tp} simulated ranks" if args.tp > 1 else "")
+             if args.cpu else "GPU")
     print(f"{len(args.prompt_tokens)} prompt tokens in {gen.prompt_ms:.1f} ms; "
           f"{gen.ms_per_token:.3f} ms/token ({where}, batch {args.batch})")
     return 0

@@ -31,6 +31,8 @@ class Decoder:
         autotune, progress: as in :func:`fusionc.compile` (progress: callable(str)).
         pdl: programmatic dependent launch between the layer kernels (off by default: measured
             neutral on whole decode steps, BENCHMARKS.md).
+        tp: tensor-parallel ranks; only 1 on GPUs so far (InputError otherwise;
+            :class:`~fusionc.models.HostDecoder` simulates ranks on the CPU).
     Load weights with :meth:`load` (or build with :meth:`from_pretrained` / :meth:`random`),
     then call :meth:`step`. Raises CompileError when a kernel cannot be built, InputError for
     invalid sizes.
@@ -40,8 +42,12 @@ class Decoder:
 
     def __init__(self, cfg: ModelConfig, *, batch: int = 1, max_seq: int | None = None,
                  kv_len: int | None = None, dtype: str | None = None, autotune: bool = False,
-                 progress=None, pdl: bool = False):
+                 progress=None, pdl: bool = False, tp: int = 1):
         import fusionc
+        if tp != 1:
+            raise InputError(f"Decoder(tp={tp!r}) on GPUs",
+                             valid="tp = 1, or HostDecoder(tp=N) (simulated ranks on the CPU): "
+                                   "the GPU decoder does not shard over ranks yet")
         check_gpu_support(cfg)
         self._setup(cfg, batch, max_seq, dtype)
         opts = dict(max_batch=batch, kv_len=kv_len or max(1, self.max_seq // 2),
@@ -68,16 +74,20 @@ class Decoder:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, progress=None, **kw) -> "Decoder":
         """Config and weights from a Hugging Face folder (``config.json``, ``*.safetensors``)."""
-        from fusionc.models.weights import SafetensorsWeights, head_weights, layer_weights
+        from fusionc.models.weights import SafetensorsWeights, head_weights
         cfg = load_config(model_dir)
         src = SafetensorsWeights(model_dir)
         from tqdm import tqdm
         dec = cls(cfg, progress=progress, **kw)
         layers = tqdm(range(cfg.layers), desc="loading weights", unit="layer",
                       disable=progress is None, leave=False)
-        dec.load((layer_weights(src, cfg, i, dec.dtype) for i in layers),
-                 head_weights(src, cfg, dec.dtype))
+        dec.load((dec.layer_from(src, i) for i in layers), head_weights(src, cfg, dec.dtype))
         return dec
+
+    def layer_from(self, src, i: int):
+        """Layer ``i``'s weights from checkpoint ``src`` as :meth:`load` takes them."""
+        from fusionc.models.weights import layer_weights
+        return layer_weights(src, self.cfg, i, self.dtype)
 
     @classmethod
     def random(cls, cfg: ModelConfig, seed: int = 0, **kw) -> "Decoder":

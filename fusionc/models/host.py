@@ -2,6 +2,11 @@
 run in fusionc's interpreter (fp32 arithmetic, every result rounded to its dtype, as the GPU
 kernels compute); embedding, final RMSNorm and LM head in numpy fp32. For tests, notebooks and
 checking a model folder on a machine without a GPU; slow (seconds per token at real sizes).
+
+``tp = N`` runs the tensor-parallel layer (:func:`fusionc.models.blocks.tp_layer_block`) over N
+simulated ranks in lockstep (the interpreter's ranks; all-reduces sum in rank order): each rank
+holds its shard of every layer (:mod:`fusionc.models.tp`, read from the checkpoint shard by
+shard) and its KV heads' caches; embedding, final norm and LM head are replicated.
 """
 from __future__ import annotations
 
@@ -20,16 +25,35 @@ class HostDecoder(Decoder):
     are ignored: nothing is compiled). :meth:`step` returns numpy logits: fp32, or float64 with
     ``precise=True`` (the interpreter's reference mode: float64 arithmetic, no rounding of
     intermediate results inside a block; the hidden state between blocks and the KV cache are
-    still stored in the dtype, as on the GPU). f32 models run in f32 here."""
+    still stored in the dtype, as on the GPU). f32 models run in f32 here. ``tp``: simulated
+    tensor-parallel ranks (see the module docstring; InputError from
+    :func:`fusionc.models.tp.check_tp` for sizes or models that do not shard)."""
 
     DTYPES = ("f16", "bf16", "f32")
 
     def __init__(self, cfg: ModelConfig, *, batch: int = 1, max_seq: int | None = None,
                  kv_len: int | None = None, dtype: str | None = None, autotune: bool = False,
-                 progress=None, pdl: bool = False, precise: bool = False):
+                 progress=None, pdl: bool = False, precise: bool = False, tp: int = 1):
         del kv_len, autotune, progress, pdl  # nothing is compiled on the CPU
+        from fusionc.models.tp import check_tp
+        check_tp(cfg, tp)
         self._setup(cfg, batch, max_seq, dtype)
-        self.precise = precise
+        self.precise, self.tp = precise, tp
+        if tp > 1:
+            from fusionc.models.blocks import tp_layer_block
+            self.module = tp_layer_block(
+                hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
+                head_dim=cfg.head_dim, intermediate=cfg.intermediate, tp=tp,
+                max_seq=self.max_seq, eps=cfg.eps, theta=cfg.theta, dtype=self.dtype,
+                rope_scaling=cfg.rope_scaling)
+
+    def layer_from(self, src, i: int):
+        """Layer ``i``'s weights from ``src``: a dict, or with ``tp`` one shard per rank (each
+        read alone, :func:`fusionc.models.tp.layer_shard`)."""
+        if self.tp == 1:
+            return super().layer_from(src, i)
+        from fusionc.models.tp import layer_shard
+        return [layer_shard(src, self.cfg, i, r, self.tp, self.dtype) for r in range(self.tp)]
 
     @staticmethod
     def array_module():
@@ -37,15 +61,29 @@ class HostDecoder(Decoder):
         return np
 
     def load(self, layers, head: dict) -> None:
-        """Weights as values (bf16 held in float32 after rounding); KV caches of zeros."""
+        """Weights as values (bf16 held in float32 after rounding); KV caches of zeros. With
+        ``tp``, each layer is a list of the ranks' shards, or a whole layer's dict (sharded
+        here, :func:`fusionc.models.tp.shard_weights`); ``self.layers[i]`` is then a list of
+        per-rank dicts."""
         dt = DType(self.dtype)
         c = self.cfg
-        cache = (self.batch, self.max_seq, c.kv_heads, c.head_dim)
-        self.layers = []
-        for w in layers:
+        cache = (self.batch, self.max_seq, c.kv_heads // self.tp, c.head_dim)
+
+        def host(w):
             w = {k: device_bits_to_host(np.asarray(v), dt) for k, v in w.items()}
             w["k_cache"], w["v_cache"] = (np.zeros(cache, self._acc(dt)) for _ in "kv")
-            self.layers.append(w)
+            return w
+        self.layers = []
+        for w in layers:
+            if self.tp == 1:
+                self.layers.append(host(w))
+                continue
+            if isinstance(w, dict):
+                from fusionc.models.tp import shard_weights
+                w = [shard_weights(w, r, self.tp, heads=c.heads, kv_heads=c.kv_heads,
+                                   head_dim=c.head_dim, intermediate=c.intermediate)
+                     for r in range(self.tp)]
+            self.layers.append([host(s) for s in w])
         if len(self.layers) != c.layers:
             raise InputError(f"{len(self.layers)} layers of weights",
                              valid=f"{c.layers} (num_hidden_layers of the config)")
@@ -65,20 +103,37 @@ class HostDecoder(Decoder):
         dt = DType(self.dtype)
         x = self.embed[tokens].astype(dt.numpy if not self.precise else np.float64)
         run = {"positions": positions, "seq_lens": positions + 1}
-        attn = [p.name for p in self.module["attention"].params]
-        mlp = [p.name for p in self.module["mlp"].params]
-        for w in self.layers:
-            x, w["k_cache"], w["v_cache"] = interpret(
-                self.module, {n: run[n] if n in run else w[n] for n in attn if n != "x"} | {"x": x},
-                graph="attention", precise=self.precise)
-            (x,) = interpret(self.module, {n: w[n] for n in mlp if n != "x"} | {"x": x},
-                             graph="mlp", precise=self.precise)
+        if self.tp > 1:
+            x = self._tp_layers(x, run)
+        else:
+            attn = [p.name for p in self.module["attention"].params]
+            mlp = [p.name for p in self.module["mlp"].params]
+            for w in self.layers:
+                x, w["k_cache"], w["v_cache"] = interpret(
+                    self.module, {n: run[n] if n in run else w[n] for n in attn if n != "x"} |
+                    {"x": x}, graph="attention", precise=self.precise)
+                (x,) = interpret(self.module, {n: w[n] for n in mlp if n != "x"} | {"x": x},
+                                 graph="mlp", precise=self.precise)
         x = x.astype(self.lm_head.dtype)
         normed = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + self.cfg.eps)
         normed = normed * self.final_norm
         if not self.precise:
             normed = round_to(normed, dt).astype(np.float32)
         return normed @ self.lm_head.T
+
+    def _tp_layers(self, x: np.ndarray, run: dict) -> np.ndarray:
+        """Every layer over the simulated ranks in lockstep; the ranks' hidden states agree
+        (the all-reduces give every rank the same sums), rank 0's goes on."""
+        from fusionc.interp.interpreter import interpret
+        names = [p.name for p in self.module["layer"].params]
+        for ranks in self.layers:
+            ins = [{n: x if n == "x" else run[n] if n in run else w[n] for n in names}
+                   for w in ranks]
+            outs = interpret(self.module, ins, graph="layer", precise=self.precise)
+            for w, (_, kc, vc) in zip(ranks, outs):
+                w["k_cache"], w["v_cache"] = kc, vc
+            x = outs[0][0]
+        return x
 
     def _acc(self, dt: DType):
         """Host dtype of values: float64 when precise, else the dtype's numpy type."""

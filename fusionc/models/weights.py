@@ -38,8 +38,10 @@ class SafetensorsWeights:
         self.dir = Path(model_dir)
         self.files = _weight_map(self.dir)
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-        """Tensor ``name`` checked against ``shape``, in the device bits of ``dtype``."""
+    def get(self, name: str, shape: tuple[int, ...], dtype: str, index=None) -> np.ndarray:
+        """Tensor ``name`` checked against ``shape``, in the device bits of ``dtype``;
+        ``index`` (a slice or a tuple of slices) reads only that part of it (a tensor-parallel
+        rank's rows or columns)."""
         from safetensors import safe_open
         path = self.files.get(name)
         if path is None:
@@ -47,18 +49,21 @@ class SafetensorsWeights:
                              valid=f"a {list(shape)} tensor '{name}'")
         try:
             with safe_open(str(path), framework="numpy") as f:
-                arr = f.get_tensor(name)
+                part = f.get_slice(name)
+                got, kind = tuple(part.get_shape()), part.get_dtype()
+                arr = part[index] if index is not None and got == tuple(shape) else \
+                    f.get_tensor(name)
         except Exception as e:  # safetensors raises its own error types for broken files
             raise InputError(f"cannot read tensor '{name}' from {path.name}: {e}",
                              valid="a complete safetensors file (re-download or re-save it)"
                              ) from None
         if arr.dtype.name not in _FLOAT_DTYPES:
-            raise InputError(f"tensor '{name}' in {path.name} has dtype {arr.dtype.name}",
-                             valid=", ".join(_FLOAT_DTYPES))
-        if tuple(arr.shape) != tuple(shape):
-            raise InputError(f"tensor '{name}' in {path.name} has shape {list(arr.shape)}",
+            raise InputError(f"tensor '{name}' in {path.name} has dtype {arr.dtype.name} "
+                             f"({kind})", valid=", ".join(_FLOAT_DTYPES))
+        if got != tuple(shape):
+            raise InputError(f"tensor '{name}' in {path.name} has shape {list(got)}",
                              valid=f"{list(shape)} for this config.json")
-        return to_device_bits(arr, dtype)
+        return to_device_bits(np.ascontiguousarray(arr), dtype)
 
 
 def _weight_map(d: Path) -> dict[str, Path]:

@@ -1,0 +1,71 @@
+"""Tensor parallelism on the CPU: a checkpoint read shard by shard equals the whole layer
+sharded in memory, and a decoder over simulated ranks (``HostDecoder(tp=N)``, ``fusionc
+generate --tp N --cpu``) gives the logits and tokens of one rank."""
+import numpy as np
+import pytest
+
+import fusionc.cli
+from fusionc.errors import InputError
+from fusionc.models import HostDecoder, generate, load_config
+from fusionc.models.random import write_random_model
+from fusionc.models.tp import layer_shard, shard_weights
+from fusionc.models.weights import SafetensorsWeights, layer_weights
+
+
+@pytest.fixture(scope="module", params=["float16", "bfloat16"])
+def model(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp("tp") / request.param
+    write_random_model(d, "llama", layers=2, dtype=request.param)
+    return d
+
+
+def test_a_rank_reads_its_shard_of_the_checkpoint(model):
+    cfg, src = load_config(model), SafetensorsWeights(model)
+    whole = layer_weights(src, cfg, 1)
+    for r in range(2):
+        want = shard_weights(whole, r, 2, heads=cfg.heads, kv_heads=cfg.kv_heads,
+                             head_dim=cfg.head_dim, intermediate=cfg.intermediate)
+        got = layer_shard(src, cfg, 1, r, 2)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_two_simulated_ranks_decode_like_one(model, batch):
+    one = HostDecoder.from_pretrained(model, batch=batch, max_seq=16)
+    two = HostDecoder.from_pretrained(model, batch=batch, max_seq=16, tp=2)
+    prompt = np.array([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]][:batch])
+    a = generate(one, prompt, 6, keep_logits=True)
+    b = generate(two, prompt, 6, keep_logits=True)
+    assert np.array_equal(a.tokens, b.tokens)
+    for la, lb in zip(a.logits, b.logits):   # partial sums rounded per rank: 16-bit budget
+        assert np.linalg.norm(la - lb) / np.linalg.norm(la) <= 1e-2
+
+
+def test_generate_tp2_cpu_prints_the_tokens_of_tp1(model, capsys):
+    args = ["generate", "--model", str(model), "--prompt-tokens", "5,6,7",
+            "--max-new-tokens", "5", "--cpu"]
+    assert fusionc.cli.main(args) == 0
+    tp1 = capsys.readouterr().out.splitlines()
+    assert fusionc.cli.main(args + ["--tp", "2"]) == 0
+    tp2 = capsys.readouterr().out.splitlines()
+    assert tp1[0] == tp2[0] and "2 simulated ranks" in tp2[1]
+
+
+def test_sizes_and_models_that_do_not_shard_are_named(model, tmp_path, capsys):
+    with pytest.raises(InputError, match="tp = 3 ranks for heads = 4"):
+        HostDecoder.from_pretrained(model, max_seq=8, tp=3)
+    q = tmp_path / "qwen3"
+    write_random_model(q, "qwen3", layers=1)
+    with pytest.raises(InputError, match="QK-norm"):
+        HostDecoder.from_pretrained(q, max_seq=8, tp=2)
+    assert fusionc.cli.main(["generate", "--model", str(model), "--prompt-tokens", "1",
+                             "--max-new-tokens", "1", "--tp", "2"]) == 1
+    assert "--tp 2 on GPUs" in capsys.readouterr().err
+
+
+def test_the_gpu_decoder_names_its_tp_limit(model):
+    from fusionc.models import Decoder
+    with pytest.raises(InputError, match=r"Decoder\(tp=2\) on GPUs"):
+        Decoder(load_config(model), tp=2)   # refused before anything needs a GPU
