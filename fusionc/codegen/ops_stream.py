@@ -104,9 +104,11 @@ def _weight_prologue(ctx, geo, w, x) -> str:
         if f"&{tmap(v)})" not in ctx.producer_setup:
             ctx.producer_setup += f"if (fc_lane == 0) fc_prefetch_tensormap(&{tmap(v)});\n"
     s = geo.stages
+    po = next((op.attr("parity_offset") for op in ph.units.regions[0]
+               if op.name == "ring_claim"), 0)   # the claims this prologue makes early
     claim = "" if ph.index == 0 else (
         f"\n    if (fc_j + j >= {s}) fc_mbar_wait(&fc_empty[(fc_j + j) % {s}], "
-        f"{empty_parity_c('(fc_j + j)', s, 0)});")
+        f"{empty_parity_c('(fc_j + j)', s, po)});")
     code = f"""auto fc_issue_w = [&](int j, int u) {{  // arm stage j % S, copy unit u's weight boxes
   const int st = j % {s}, g = u / {ph.group}, s = u % {ph.group};
   unsigned char* stage = fc_ring + st * {geo.stage_bytes};

@@ -50,7 +50,8 @@ class KernelSource:
     pdl: bool = False   # launch with programmatic stream serialization (fusionc.codegen.pdl)
     stamps: tuple[str, ...] = ()  # timeline slot labels (CodegenOptions.timeline)
     stamp_base: int = 0  # first counter word of the timeline slots
-    resident: bool = False  # needs every CTA resident at once (grid barrier, parallel reduce)
+    resident: bool = False  # needs every CTA resident at once (grid barrier, parallel reduce,
+    #                          phases of a persistent kernel that wait on each other)
     # a streamed persistent kernel of this many work units: launched on min(resident CTAs,
     # units, grid) CTAs (fusionc.stream.UnitSchedule); 0 for a fixed grid
     persistent_units: int = 0

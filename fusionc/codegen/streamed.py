@@ -145,9 +145,11 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
                            valid="several phases only when every tile comes through the ring")
     path = "plain" if not on_ring else (
         "mma" if dt in (DType.f16, DType.bf16) else "fma")   # mma from 1 row (n-tile of 8)
-    if mb > 16:
-        raise CompileError(f"max_batch {mb} in a streamed linear", op=g.name, loc=g.loc,
-                           valid="max_batch <= 16 (batch rows in registers)")
+    from fusionc.lower.linear_v2 import max_rows
+    if mb > max_rows(dt):
+        raise CompileError(f"max_batch {mb} in a streamed linear of {dt.value}", op=g.name,
+                           loc=g.loc, valid=f"max_batch <= {max_rows(dt)} (batch rows in "
+                                            "registers)")
     if ring is not None and check:
         for ph in phases:
             _check_protocol(ph.units, ring)
@@ -198,6 +200,13 @@ def _check_protocol(units: Op, ring: Op) -> None:
     if reads and (not rel or rel[-1] < reads[-1]):
         raise CompileError("a stage read with no ring_release after it",
                            op=body[reads[-1]].name, loc=body[reads[-1]].loc, valid=want)
+    for k, op in enumerate(body):   # a producer's acquire, then the TMA reads of that data
+        if op.name == "counter_wait" and in_producer(op) and k < i and \
+                "fence_proxy_async" not in names[k + 1:i]:
+            raise CompileError("a producer counter_wait with no fence_proxy_async before "
+                               "ring_issue", op=op.name, loc=op.loc,
+                               valid="counter_wait, fence_proxy_async, ring_claim, ring_issue "
+                                     "(pass insert-barriers)")
 
 
 def _from_ring(units: Op, gemv: Op) -> bool:
@@ -311,7 +320,7 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
         stage_decls=ops_stream.stage_decls(ctx) if p.ring is not None else "") + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=kernel.attr("grid"),
                         cluster=1, threads=p.threads, smem_bytes=p.smem, params=tuple(params),
-                        workspace_floats=ws, counters=p.words,
+                        workspace_floats=ws, counters=p.words, resident=bool(p.exit_counters),
                         persistent_units=p.count, pdl=True)
 
 

@@ -21,7 +21,17 @@ from fusionc.lower.builder import KernelBuilder
 
 ROWS = 64            # weight rows per tile (the tensor-core path's 4 strips of 16)
 ROW_CHUNK_BYTES = 256  # K chunk per tile row: 16 lanes x 16 bytes
-MAX_BATCH = 16       # batch rows held in registers (issue 21 takes it to 256)
+# Batch rows held in registers (issue 21 takes it to 256). 64 rows of f16 (8 mma n-tiles)
+# compile without spills (146 registers, 159 KB of shared memory for the Llama-3-8B MLP) and
+# simulate like the interpreter, but have not run on a GPU yet: 16 until they have.
+MAX_BATCH = 16
+MAX_BATCH_F32 = 16   # the FMA path (f32) holds 4 x max_batch accumulators per thread
+
+
+def max_rows(dtype: DType) -> int:
+    """The largest batch bucket of a v2 linear of ``dtype`` (tensor cores for 16-bit types,
+    FMA for f32); the lowering and the code generator both ask this."""
+    return MAX_BATCH_F32 if dtype.itemsize == 4 else MAX_BATCH
 
 
 def tile_cols(dtype: DType) -> int:
@@ -31,7 +41,7 @@ def tile_cols(dtype: DType) -> int:
 
 def check_linear(op: Op, max_batch: int) -> None:
     """LoweringError unless ``op`` is a linear layer the v2 kernel lowers: x ``[B, K]``, a static
-    weight ``[N, K]`` of a float dtype, and a batch bucket of at most 16 rows."""
+    weight ``[N, K]`` of a float dtype, and a batch bucket of at most :func:`max_rows` rows."""
     x, w = op.operands[0].type, op.operands[1].type
     if x.rank != 2:
         raise LoweringError(f"linear on x {x}", op=op.name, loc=op.loc,
@@ -39,11 +49,13 @@ def check_linear(op: Op, max_batch: int) -> None:
     if not w.is_static or x.dtype not in FLOAT_DTYPES:
         raise LoweringError(f"weight {w}", op=op.name, loc=op.loc,
                             valid="a static [N, K] weight of f16, bf16 or f32")
-    if isinstance(x.shape[0], int) and x.shape[0] > MAX_BATCH or max_batch > MAX_BATCH:
+    top = max_rows(x.dtype)
+    if isinstance(x.shape[0], int) and x.shape[0] > top or max_batch > top:
         raise LoweringError(f"{max(max_batch, x.shape[0] if isinstance(x.shape[0], int) else 0)}"
-                            " rows", op=op.name, loc=op.loc,
-                            valid=f"at most {MAX_BATCH} rows per call on lowering v2 so far "
-                                  "(max_batch <= 16), or lowering='v1'")
+                            f" rows of {x.dtype.value}", op=op.name, loc=op.loc,
+                            valid=f"at most {top} rows per call on lowering v2 so far "
+                                  f"(max_batch <= {top} for {x.dtype.value}), or "
+                                  "lowering='v1'")
 
 
 def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
@@ -53,7 +65,7 @@ def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
     Args:
         op: a graph-IR ``linear`` with x ``[B, K]``, w ``[N, K]`` and an optional bias ``[N]``.
         name: the kernel's name.
-        max_batch: the batch bucket (rows of the accumulators, <= 16).
+        max_batch: the batch bucket (rows of the accumulators, <= :func:`max_rows`).
         grid: the largest grid the kernel is launched on (workspace slots); default one CTA
             per SM of an H200. The runtime launches min(resident CTAs, units, grid).
         spec: what the kernel absorbs (:class:`fusionc.lower.match_v2.LinearKernel`): an

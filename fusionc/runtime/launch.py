@@ -103,7 +103,7 @@ def _check_occupancy(src, function) -> None:
     slice may hold fewer) instead of trapping in the barrier. Other kernels sharing the GPU at
     the same time (MPS, concurrent streams) can still keep CTAs out: the barrier's bounded spin
     then traps after 2 s rather than hang."""
-    if not src.resident:
+    if not src.resident or src.persistent_units:   # a persistent grid is the resident CTAs
         return
     cu = driver()
     if src.cluster > 1:
@@ -260,11 +260,14 @@ class LoadedKernel:
     def grid(self, n: int) -> None:
         src = self.compiled.source
         top = min(src.grid, src.persistent_units)
+        why = "its units and the workspace it was compiled for"
+        if src.persistent_units and src.resident:   # phases wait on each other's CTAs
+            top = persistent_grid(src, self.function)
+            why += ", and the CTAs this GPU holds at once (its phases wait on each other)"
         if not src.persistent_units or isinstance(n, bool) or not isinstance(n, int) \
                 or not 1 <= n <= top:
             raise InputError(f"a grid of {n!r} CTAs for {src.name}", op=src.name,
-                             valid=f"a persistent kernel's grid from 1 to {top} (its units and "
-                                   "the workspace it was compiled for)")
+                             valid=f"a persistent kernel's grid from 1 to {top} ({why})")
         self._grid = n
         self._configs.clear()
 

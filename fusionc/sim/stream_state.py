@@ -102,7 +102,9 @@ class StreamCTA:
         # per role (the producer warp and the consumer warps are not ordered with each other
         # except through the ring): CTAs whose released writes the role acquired, and whether
         # it acquired generic writes since its last proxy fence
-        self.visible = {"producer": {cta.gid}, "consumer": {cta.gid}}
+        # (the producer reads its own consumers' stores only after acquiring them, too)
+        self.visible = {"producer": set(), "consumer": {cta.gid}}
+        self.outputs = {op.operands[1].name for op in kernel.walk() if op.name == "group_flush"}
         self.proxy_dirty = {"producer": False, "consumer": False}
 
     @property
@@ -225,15 +227,23 @@ class StreamCTA:
         rs = slice(max(r0, 0), max(min(r0 + nr, arr.shape[0]), max(r0, 0)))
         cs = slice(max(c0, 0), max(min(c0 + nc, arr.shape[1]), max(c0, 0)))
         writer = mem.writer.get(name)   # allocated at the first store only
+        if name in self.outputs and arr[rs, cs].size and (
+                writer is None or (writer.reshape(arr.shape)[rs, cs] < 0).any()):
+            raise SimulationError(f"CTA {self.cta.gid} ({self.role}) reads %{name} before "
+                                  "a flush of this launch wrote it", op=op.name, loc=op.loc,
+                                  valid="a counter_wait on the flushes that write it before "
+                                        "the read")
         if writer is None:
             return np.asarray(arr[rs, cs], np.float32)
         wr = writer.reshape(arr.shape)[rs, cs]
-        others = set(np.unique(wr[wr >= 0]).tolist()) - {self.cta.gid}
+        writers = set(np.unique(wr[wr >= 0]).tolist())
+        others = writers - {self.cta.gid}
         visible = self.visible[self.role]
-        if others - visible:
-            raise SimulationError(f"CTA {self.cta.gid} reads %{name} written by CTA "
-                                  f"{min(others - visible)} without acquiring it",
-                                  op=op.name, loc=op.loc,
+        if writers - visible:
+            who = min(writers - visible)
+            raise SimulationError(f"CTA {self.cta.gid} ({self.role}) reads %{name} written by "
+                                  f"CTA {who}{' (its consumers)' if who == self.cta.gid else ''}"
+                                  " without acquiring it", op=op.name, loc=op.loc,
                                   valid="counter_signal after the writes, counter_wait before "
                                         "the read")
         if tma and (others or (wr == self.cta.gid).any()) and self.proxy_dirty[self.role]:

@@ -91,11 +91,12 @@ class UnitSchedule:
 def wait_target(target: int, total: int, slot: int) -> int:
     """Signals counter slot ``slot`` of a ``counter_wait {target, total}`` waits for: ``target``,
     or, with ``total = T > 0`` signals over all slots, what is left of T at the last slot
-    (``min(target, T - target·slot)``: a phase reading K chunks of ``target`` producer groups
+    (``max(0, min(target, T - target·slot))``: a phase reading K chunks of ``target`` producer groups
     each, the last chunk shorter). The templates emit :func:`wait_target_c`."""
-    return target if not total else min(target, total - target * slot)
+    return target if not total else max(0, min(target, total - target * slot))
 
 
 def wait_target_c(target: int, total: int, slot: str) -> str:
     """:func:`wait_target` as a C expression of the slot expression ``slot``."""
-    return f"{target}u" if not total else f"(unsigned)min({target}, {total} - {target} * ({slot}))"
+    return f"{target}u" if not total else \
+        f"(unsigned)max(0, min({target}, {total} - {target} * ({slot})))"

@@ -191,9 +191,11 @@ def test_bad_epilogues_are_named(extra, epi, msg):
 
 @pytest.mark.parametrize("hidden, inter, dtype, mb", [(4096, 1000, "bf16", 16),
                                                       (512, 328, "f32", 4),
-                                                      (1003, 500, "f16", 8)])
+                                                      (1003, 500, "f16", 8),
+                                                      (4096, 1000, "bf16", 1)])
 def test_each_path_with_a_norm_prologue_compiles(hidden, inter, dtype, mb):
-    """mma (16-bit, 2+ rows), FMA (f32) and plain loads (rows TMA cannot copy)."""
+    """mma (16-bit, 1-16 rows), FMA (f32) and plain loads (rows TMA cannot copy), chained and
+    not, without spills."""
     from fusionc.codegen.compile import compile_kernel
     m = run_pipeline(Module((example("graphs_v2", hidden=hidden, inter=inter,
                                      dtype=dtype)["mlp"],)), v2_pipeline(mb))
@@ -268,3 +270,13 @@ def test_the_epilogue_rounds_where_the_graph_rounds():
     out, = simulate(run_pipeline(g, v2_pipeline(1)), args)
     ref, = interpret(g, args)
     assert np.isinf(ref).all() and np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype, top", [("f16", 16), ("bf16", 16), ("f32", 16)])
+def test_the_batch_bucket_is_named_past_its_limit(dtype, top):
+    from fusionc.lower.linear_v2 import max_rows
+    assert max_rows(fc.ir.DType(dtype)) == top
+    g = example("graphs_v2", hidden=256, inter=200, dtype=dtype)
+    run_pipeline(Module((g["mlp"],)), v2_pipeline(top))
+    with pytest.raises(LoweringError, match=f"at most {top} rows per call"):
+        run_pipeline(Module((g["mlp"],)), v2_pipeline(top + 1))

@@ -71,7 +71,8 @@ def test_resident_kernels_checked_against_the_occupancy_query(monkeypatch):
     monkeypatch.setattr(launch, "driver", lambda: Fake())
     monkeypatch.setattr(launch, "_sm_count", lambda: 132)
     src = SimpleNamespace(name="fusionc_k", grid=61, cluster=4, blocks=244, threads=256,
-                          smem_bytes=1024, pdl=True, resident=True, cluster_dims_in_source=True)
+                          smem_bytes=1024, pdl=True, resident=True, cluster_dims_in_source=True,
+                          persistent_units=0)
     with pytest.raises(DeviceError, match="needs its 61 clusters of 4 resident.*holds 60"):
         launch._check_occupancy(src, None)
     assert seen["cluster"] == 4 and seen["attrs"] == 1

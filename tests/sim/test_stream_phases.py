@@ -78,12 +78,21 @@ def _fails(kernel, match, grid=4):
             simulate_kernel(kernel, args, grid=grid, seed=seed)
 
 
-def test_a_phase_without_the_wait_reads_unpublished_rows():
-    _fails(_kernel(wait="", fence=""), "without acquiring it")
+@pytest.mark.parametrize("grid", [1, 4])
+def test_a_phase_without_the_wait_reads_unpublished_rows(grid):
+    """On one CTA too: its producer is ordered with its own consumers only by the ring."""
+    _fails(_kernel(wait="", fence=""), "before a flush of this launch wrote it|without "
+           "acquiring it", grid=grid)
 
 
-def test_the_wait_without_the_proxy_fence():
-    _fails(_kernel(fence=""), "TMA read of data written with ordinary stores")
+@pytest.mark.parametrize("wait, fence", [(WAIT, ""), (FENCE + "\n    " + WAIT, "")])
+def test_the_wait_without_the_proxy_fence_after_it(wait, fence):
+    """Reported by the simulator and refused by the code generator."""
+    from fusionc.codegen.streamed import plan
+    from fusionc.errors import CompileError
+    _fails(_kernel(wait=wait, fence=fence), "TMA read of data written with ordinary stores")
+    with pytest.raises(CompileError, match="no fence_proxy_async before ring_issue"):
+        plan(_kernel(wait=wait, fence=fence))
 
 
 def test_a_wait_on_chunks_no_flush_signals():
@@ -106,3 +115,32 @@ def test_a_shared_wait_must_reset_at_exit():
 def test_a_wait_that_disagrees_with_its_signals_is_refused(wait):
     with pytest.raises(VerifyError, match="signalled by phase 0"):
         parse_module(TWO.format(signal=SIGNAL, wait=wait, fence=FENCE)).graphs[0]
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(wait=WAIT.replace(", warp = producer", "")), "warp = consumer"),
+    (dict(wait=WAIT + "\n    " + FENCE + "\n    " + WAIT), "one of 2 such waits"),
+    (dict(wait=WAIT.replace("slot = step", "slot = group")), "slot = group"),
+])
+def test_chunk_waits_that_would_not_guard_the_copies_are_refused(change, match):
+    with pytest.raises(VerifyError, match=match):
+        _kernel(**change)
+
+
+def test_chunks_that_do_not_match_the_next_phase_are_refused():
+    # 3 groups of 64 columns per counter: 192-column chunks for a phase of 128-column K chunks
+    text = TWO.format(signal=SIGNAL.replace("per = 2", "per = 3"),
+                      wait=WAIT.replace("target = 2", "target = 3"), fence=FENCE)
+    with pytest.raises(VerifyError, match="chunks of 3 x 64 columns"):
+        parse_module(text)
+
+
+@pytest.mark.parametrize("old, new, match", [
+    ("  units() {{count = 4", "  %acc9 = acc_alloc() : f32[B, 64]\n  units() {{count = 4",
+     "an op between two units regions"),
+    ("  units() {{count = 8", "  %ring2 = ring_alloc() {{rows = 64}} : f16[3, 72, 128]\n"
+     "  units() {{count = 8", "a second ring_alloc"),
+])
+def test_kernel_layouts_the_phases_do_not_take(old, new, match):
+    with pytest.raises(VerifyError, match=match):
+        parse_module(TWO.replace(old, new, 1).format(signal=SIGNAL, wait=WAIT, fence=FENCE))

@@ -101,28 +101,59 @@ def check_tiles(units, graph) -> None:
 
 
 def check_phases(graph) -> None:
-    """A kernel's phases (``units`` regions) agree on their chunk counters: each
-    ``counter_wait {reset = exit}`` waits on a set that a flush of an earlier phase signals
-    (``group_flush {signal, per}``) with ``target = per`` and ``total`` = that phase's groups,
-    and a set signalled by flushes is waited on only that way (else a wait never returns, or
-    returns before the chunk it guards is stored)."""
+    """A kernel's phases (``units`` regions) agree on their chunk counters. The ``units``
+    regions follow each other (no op between them), with one ``ring_alloc`` at most. A set
+    that a flush signals (``group_flush {signal, per}``, phase p) is waited on only by a later
+    phase, once, by its producer (before its TMA copies; pass ``insert-barriers`` adds the proxy
+    fence after it), as ``counter_wait {slot = step, index = 0, reset = exit}`` with ``target = per`` and ``total`` = phase p's groups;
+    ``per`` groups' columns make one K chunk of the waiting phase, whose groups are
+    ``⌈total / per⌉`` chunks long and which reads the flush's output. Else a wait never returns,
+    or returns before the chunk it guards is stored."""
     from fusionc.ir.registry import lookup
-    phases = [o for o in graph.body if lookup(o.name).has("units")]
-    signals = {}   # name -> (phase, per, groups)
+    body = list(graph.body)
+    phases = [o for o in body if lookup(o.name).has("units")]
+    at = [i for i, o in enumerate(body) if lookup(o.name).has("units")]
+    if at and at != list(range(at[0], at[0] + len(at))):
+        between = body[next(i for i in range(at[0], at[-1]) if i not in at)]
+        fail(between, "an op between two units regions",
+             "units regions one after the other (a phase's setup goes before the first)")
+    rings = [o for o in body if o.name == "ring_alloc"]
+    if len(rings) > 1:
+        fail(rings[1], "a second ring_alloc", "one ring per kernel, shared by its phases")
+    signals = {}   # name -> (phase, flush, gemv)
     for p, u in enumerate(phases):
-        groups = -(-u.attr("count") // u.attr("group"))
+        gemv = next((o for o in u.regions[0] if o.name == "acc_gemv"), None)
         for f in (o for o in u.regions[0] if o.name == "group_flush" and o.attr("signal")):
-            signals[f.attr("signal")] = (p, f.attr("per"), groups)
+            signals[f.attr("signal")] = (p, f, gemv, u)
     for p, u in enumerate(phases):
-        for w in (o for o in u.regions[0] if o.name == "counter_wait"):
-            got = signals.get(w.attr("name"))
-            if got is None:
-                continue
-            sp, per, groups = got
-            if sp >= p or w.attr("reset") != "exit" or \
-                    (w.attr("target"), w.attr("total")) != (per, groups):
-                fail(w, f"a wait on '{w.attr('name')}' (signalled by phase {sp}'s flushes, "
-                        f"{per} groups per counter of {groups}) in phase {p} with target = "
-                        f"{w.attr('target')}, total = {w.attr('total')}, reset = "
-                        f"{w.attr('reset')}", f"in a later phase, target = {per}, total = "
-                        f"{groups}, reset = exit")
+        region = list(u.regions[0])
+        waits = [o for o in region if o.name == "counter_wait" and o.attr("name") in signals]
+        for w in waits:
+            _check_chunk_wait(w, p, u, region, signals[w.attr("name")], len(waits))
+
+
+def _check_chunk_wait(w, p, u, region, signal, n_waits) -> None:
+    sp, flush, sgemv, su = signal
+    groups = -(-su.attr("count") // su.attr("group"))
+    per = flush.attr("per")
+    want = dict(warp="producer", slot="step", index=0, reset="exit", target=per, total=groups)
+    got = {a: w.attr(a) for a in want}
+    if sp >= p or got != want or n_waits != 1:
+        fail(w, f"a wait on '{w.attr('name')}' (signalled by phase {sp}'s flushes, {per} groups "
+                f"per counter of {groups}) in phase {p} with " +
+                ", ".join(f"{a} = {v}" for a, v in got.items()) +
+                ("" if n_waits == 1 else f", one of {n_waits} such waits"),
+             "one wait in a later phase with " + ", ".join(f"{a} = {v}" for a, v in want.items()))
+    gemv = next((o for o in region if o.name == "acc_gemv"), None)
+    if gemv is None or sgemv is None:
+        return
+    half = sgemv.attr("rows") // 2 if sgemv.attr("split") else sgemv.attr("rows")
+    chunks = -(-groups // per)
+    reads = {o.operands[2].name for o in region if o.name == "ring_issue"} | \
+        {gemv.operands[1].name}
+    if per * half != gemv.attr("cols") or u.attr("group") != chunks or \
+            flush.operands[1].name not in reads:
+        fail(w, f"chunks of {per} x {half} columns of %{flush.operands[1].name} for a phase "
+                f"of {gemv.attr('cols')}-column K chunks, {u.attr('group')} per group",
+             f"per x {half} = {gemv.attr('cols')}, {chunks} K chunks per group, and the phase "
+             f"reads %{flush.operands[1].name}")
