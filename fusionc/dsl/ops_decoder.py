@@ -82,13 +82,60 @@ def decode_attention(q: Tracer, k_cache: Tracer, v_cache: Tracer, seq_lens: Trac
         ``[B, heads, head_dim]``, dtype of q.
     """
     if scale is None:
-        d = q.shape[-1] if isinstance(q, Tracer) and q.ndim else None
-        if not isinstance(d, int):
-            raise DSLError(f"cannot derive the scale from q {getattr(q, 'type', q)}",
-                           op="decode_attention", loc=user_loc(),
-                           valid="q: [B, heads, head_dim] with a static head_dim, or scale=")
-        scale = 1.0 / math.sqrt(d)
+        scale = _default_scale(q, "decode_attention", "B")
     return emit("decode_attention", (q, k_cache, v_cache, seq_lens), {"scale": scale}, name)[0]
+
+
+def _default_scale(q, op: str, rows: str) -> float:
+    """1/sqrt(head_dim) of q ``[rows, heads, head_dim]``; DSLError without a static head_dim."""
+    d = q.shape[-1] if isinstance(q, Tracer) and q.ndim else None
+    if not isinstance(d, int):
+        raise DSLError(f"cannot derive the scale from q {getattr(q, 'type', q)}", op=op,
+                       loc=user_loc(),
+                       valid=f"q: [{rows}, heads, head_dim] with a static head_dim, or scale=")
+    return 1.0 / math.sqrt(d)
+
+
+def kv_cache_write(k_cache: Tracer, v_cache: Tracer, k: Tracer, v: Tracer, seq_of: Tracer,
+                   positions: Tracer, *, name=None) -> tuple[Tracer, Tracer]:
+    """Write T new tokens' keys and values, of any sequences, into the caches.
+
+    ``k_cache[seq_of[t], positions[t]] = k[t]`` and likewise for v (a prompt's chunk: the rows
+    of one sequence consecutive at consecutive positions, checked when the graph runs).
+
+    Args:
+        k_cache, v_cache: ``[B, max_seq, kv_heads, head_dim]``.
+        k, v: ``[T, kv_heads, head_dim]``, dtype of the caches.
+        seq_of: ``i32[T]``, each in ``[0, B)``; positions: ``i32[T]``, each in ``[0, max_seq)``.
+    Returns:
+        (k_cache, v_cache) after the write; named after the inputs unless ``name`` is given.
+    """
+    if name is None and isinstance(k_cache, Tracer) and isinstance(v_cache, Tracer):
+        name = (k_cache.name, v_cache.name)
+    kc, vc = emit("kv_cache_write", (k_cache, v_cache, k, v, seq_of, positions), name=name)
+    return kc, vc
+
+
+def chunk_attention(q: Tracer, k_cache: Tracer, v_cache: Tracer, seq_of: Tracer,
+                    positions: Tracer, scale: float | None = None, *,
+                    name: str | None = None) -> Tracer:
+    """Attention of T new tokens, each over its sequence's cache up to its own position.
+
+    Row t reads ``cache[seq_of[t], 0 .. positions[t]]``: after :func:`kv_cache_write` of the
+    chunk this is causal attention within it (Vaswani et al. 2017, eq. 1; GQA as
+    :func:`decode_attention`), accumulated in fp32.
+
+    Args:
+        q: ``[T, heads, head_dim]``; k_cache, v_cache: ``[B, max_seq, kv_heads, head_dim]``.
+        seq_of, positions: ``i32[T]`` (see :func:`kv_cache_write`).
+        scale: softmax scale; None means 1/sqrt(head_dim).
+    Returns:
+        ``[T, heads, head_dim]``, dtype of q.
+    """
+    if scale is None:
+        scale = _default_scale(q, "chunk_attention", "T")
+    return emit("chunk_attention", (q, k_cache, v_cache, seq_of, positions), {"scale": scale},
+                name)[0]
 
 
 def all_reduce(x: Tracer, group: int, scope: str = "nvlink", *,

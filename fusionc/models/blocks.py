@@ -36,18 +36,11 @@ def attention_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int, ma
     T = fc.dtype(dtype)
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
     cache = T["B", max_seq, kv_heads, head_dim]
+    sizes = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=eps, theta=theta,
+                 qk_norm=qk_norm, rope_scaling=rope_scaling)
 
     def heads_of(x, w_qkv, norms, positions, bias=None):
-        h = fc.rms_norm(x, norms[0], eps, name="h")
-        qkv = fc.linear(h, w_qkv, bias, name="qkv")
-        q, k, v = fc.split(qkv, [q_size, kv_size, kv_size], name=("q", "k", "v"))
-        q, k = fc.split_heads(q, heads, name="q_heads"), fc.split_heads(k, kv_heads, name="k_heads")
-        if qk_norm:  # QK-norm: per head, over head_dim
-            q = fc.rms_norm(q, norms[1], eps, name="q_normed")
-            k = fc.rms_norm(k, norms[2], eps, name="k_normed")
-        q = fc.rope(q, positions, theta, scaling=rope_scaling, name="q_rot")
-        k = fc.rope(k, positions, theta, scaling=rope_scaling, name="k_rot")
-        return q, k, fc.split_heads(v, kv_heads, name="v_heads")
+        return qkv_heads(x, w_qkv, norms, positions, bias, **sizes)
 
     def attend(x, q, k, v, w_o, k_cache, v_cache, positions, seq_lens):
         k_cache, v_cache = fc.kv_cache_append(k_cache, v_cache, k, v, positions)
@@ -80,6 +73,25 @@ def attention_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int, ma
             q, k, v = heads_of(x, w_qkv, (attn_norm,), positions)
             return attend(x, q, k, v, w_o, k_cache, v_cache, positions, seq_lens)
     return attention
+
+
+def qkv_heads(x, w_qkv, norms, positions, bias=None, *, heads: int, kv_heads: int,
+              head_dim: int, eps: float, theta: float, qk_norm: bool = False, rope_scaling=()):
+    """The attention's front for rows x ``[rows, hidden]``: RMSNorm (``norms[0]``), the fused
+    QKV projection (+ ``bias``), heads, QK-norm (``norms[1:]``, Qwen3) and RoPE at
+    ``positions``; returns q ``[rows, heads, head_dim]``, k and v ``[rows, kv_heads,
+    head_dim]``."""
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    h = fc.rms_norm(x, norms[0], eps, name="h")
+    qkv = fc.linear(h, w_qkv, bias, name="qkv")
+    q, k, v = fc.split(qkv, [q_size, kv_size, kv_size], name=("q", "k", "v"))
+    q, k = fc.split_heads(q, heads, name="q_heads"), fc.split_heads(k, kv_heads, name="k_heads")
+    if qk_norm:  # QK-norm: per head, over head_dim
+        q = fc.rms_norm(q, norms[1], eps, name="q_normed")
+        k = fc.rms_norm(k, norms[2], eps, name="k_normed")
+    q = fc.rope(q, positions, theta, scaling=rope_scaling, name="q_rot")
+    k = fc.rope(k, positions, theta, scaling=rope_scaling, name="k_rot")
+    return q, k, fc.split_heads(v, kv_heads, name="v_heads")
 
 
 def mlp_block(*, hidden: int, intermediate: int, eps: float, dtype: str) -> Module:

@@ -24,7 +24,7 @@ class Generation:
 
 
 def generate(decoder, prompt, max_new_tokens: int, sampling: Sampling = Sampling(), *,
-             keep_logits: bool = False) -> Generation:
+             keep_logits: bool = False, prefill: bool | None = None) -> Generation:
     """Generate ``max_new_tokens`` tokens after ``prompt`` for every sequence of the batch.
 
     Args:
@@ -35,6 +35,9 @@ def generate(decoder, prompt, max_new_tokens: int, sampling: Sampling = Sampling
         sampling: greedy by default.
         keep_logits: also return each step's logits (host fp32 ``[batch, vocab]``, prompt steps
             included) in ``Generation.logits``.
+        prefill: the prompt in chunks (``decoder.prefill``, where ``decoder.prefills``: the CPU
+            decoder at tp = 1 so far) rather than one decode step per token; default: chunks
+            unless ``keep_logits`` asks for every prompt step's logits.
     Raises:
         InputError: an empty prompt, too many tokens for the KV cache, ids outside the vocab.
     """
@@ -47,8 +50,17 @@ def generate(decoder, prompt, max_new_tokens: int, sampling: Sampling = Sampling
                          valid=f"max_new_tokens >= 1 and a total <= max_seq + 1 = "
                                f"{decoder.max_seq + 1}")
     rng, kept = sampling.rng(), []
+    if prefill is None:
+        prefill = getattr(decoder, "prefills", False) and not keep_logits
+    if prefill and not getattr(decoder, "prefills", False):
+        raise InputError(f"prefill with a {type(decoder).__name__}",
+                         valid="prefill=False (this decoder steps through prompts token by "
+                               "token), or a HostDecoder with tp = 1")
     t0 = time.perf_counter()
-    for t in range(p.shape[1]):
+    if prefill:
+        logits = decoder.prefill(list(p))
+        kept.append(_host(logits) if keep_logits else None)
+    for t in range(0 if prefill else p.shape[1]):
         logits = decoder.step(p[:, t], np.full(decoder.batch, t))
         kept.append(_host(logits) if keep_logits else None)
     nxt = sample(logits, sampling, rng)

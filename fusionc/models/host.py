@@ -39,6 +39,7 @@ class HostDecoder(Decoder):
         check_tp(cfg, tp)
         self._setup(cfg, batch, max_seq, dtype)
         self.precise, self.tp = precise, tp
+        self.prefills = tp == 1   # prompts in chunks (prefill); the TP layer steps per token
         if tp > 1:
             from fusionc.models.blocks import tp_layer_block
             self.module = tp_layer_block(
@@ -95,7 +96,6 @@ class HostDecoder(Decoder):
 
     def step(self, tokens, positions) -> np.ndarray:
         """One decode step (see :meth:`Decoder.step`); numpy fp32 logits ``[batch, vocab]``."""
-        from fusionc.interp.interpreter import interpret
         if not self.layers:
             raise InputError("the decoder has no weights", valid="load() them first, or build "
                              "it with HostDecoder.from_pretrained / HostDecoder.random")
@@ -104,21 +104,73 @@ class HostDecoder(Decoder):
         x = self.embed[tokens].astype(dt.numpy if not self.precise else np.float64)
         run = {"positions": positions, "seq_lens": positions + 1}
         if self.tp > 1:
-            x = self._tp_layers(x, run)
-        else:
-            attn = [p.name for p in self.module["attention"].params]
-            mlp = [p.name for p in self.module["mlp"].params]
-            for w in self.layers:
-                x, w["k_cache"], w["v_cache"] = interpret(
-                    self.module, {n: run[n] if n in run else w[n] for n in attn if n != "x"} |
-                    {"x": x}, graph="attention", precise=self.precise)
-                (x,) = interpret(self.module, {n: w[n] for n in mlp if n != "x"} | {"x": x},
-                                 graph="mlp", precise=self.precise)
+            return self._logits(self._tp_layers(x, run))
+        return self._logits(self._layers(x, run, self.module, "attention"))
+
+    def prefill(self, prompts, chunk: int | None = None) -> np.ndarray:
+        """Run the prompts through the model in chunks of at most ``chunk`` new tokens
+        (default :data:`fusionc.models.prefill.CHUNK`, 256) rather than one decode step per
+        token (:mod:`fusionc.models.prefill`): sequence b gets ``prompts[b]`` (lengths may
+        differ) at positions 0, 1, ...; the KV caches hold them afterwards. Returns the logits
+        after each sequence's last prompt token, ``[batch, vocab]`` (as :meth:`step`).
+
+        Raises:
+            InputError: not one non-empty prompt per sequence, a prompt longer than max_seq,
+                ids outside the vocabulary, or tp > 1 (not yet).
+        """
+        from fusionc.models.prefill import CHUNK, chunks
+        if not self.layers:
+            raise InputError("the decoder has no weights", valid="load() them first")
+        if self.tp > 1:
+            raise InputError(f"prefill with tp = {self.tp}",
+                             valid="tp = 1 (simulated ranks decode prompts token by token)")
+        seqs = _prompts(prompts, self.batch, self.max_seq, self.cfg.vocab)
+        lengths = [len(q) for q in seqs]
+        last = [None] * self.batch
+        dt = DType(self.dtype)
+        for seq_of, pos, off in chunks(lengths, [0] * self.batch, chunk or CHUNK):
+            toks = np.array([seqs[b][i] for b, i in zip(seq_of, off)], np.int64)
+            x = self.embed[toks].astype(dt.numpy if not self.precise else np.float64)
+            x = self._layers(x, {"positions": pos, "seq_of": seq_of}, self._chunk_module(),
+                             "attention_chunk")
+            for r, (b, i) in enumerate(zip(seq_of, off)):
+                if i == lengths[b] - 1:
+                    last[b] = x[r]
+        return self._logits(np.stack(last))
+
+    def _chunk_module(self):
+        """``@attention_chunk`` for this model (built once)."""
+        if getattr(self, "_chunk", None) is None:
+            from fusionc.models.prefill import chunk_attention_block
+            c = self.cfg
+            self._chunk = chunk_attention_block(
+                hidden=c.hidden, heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim,
+                max_seq=self.max_seq, eps=c.eps, theta=c.theta, dtype=self.dtype,
+                qk_norm=c.qk_norm, rope_scaling=c.rope_scaling, qkv_bias=c.qkv_bias)
+        return self._chunk
+
+    def _layers(self, x: np.ndarray, run: dict, module, attention: str) -> np.ndarray:
+        """Every layer: graph ``attention`` of ``module`` (run-time inputs ``run``), then
+        ``@mlp``; the KV caches are updated."""
+        from fusionc.interp.interpreter import interpret
+        attn = [p.name for p in module[attention].params]
+        mlp = [p.name for p in self.module["mlp"].params]
+        for w in self.layers:
+            x, w["k_cache"], w["v_cache"] = interpret(
+                module, {n: run[n] if n in run else w[n] for n in attn if n != "x"} | {"x": x},
+                graph=attention, precise=self.precise)
+            (x,) = interpret(self.module, {n: w[n] for n in mlp if n != "x"} | {"x": x},
+                             graph="mlp", precise=self.precise)
+        return x
+
+    def _logits(self, x: np.ndarray) -> np.ndarray:
+        """Final RMSNorm and LM head of hidden states ``[rows, hidden]`` (fp32, rounded to the
+        dtype between them unless precise)."""
         x = x.astype(self.lm_head.dtype)
         normed = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + self.cfg.eps)
         normed = normed * self.final_norm
         if not self.precise:
-            normed = round_to(normed, dt).astype(np.float32)
+            normed = round_to(normed, DType(self.dtype)).astype(np.float32)
         return normed @ self.lm_head.T
 
     def _tp_layers(self, x: np.ndarray, run: dict) -> np.ndarray:
@@ -142,3 +194,21 @@ class HostDecoder(Decoder):
     def replay(self) -> None:
         """Not available on the CPU (nothing is captured)."""
         raise InputError("HostDecoder has no captured step to replay", valid="step()")
+
+
+def _prompts(prompts, batch: int, max_seq: int, vocab: int) -> list[np.ndarray]:
+    """One int64 array of token ids per sequence; InputError unless there are ``batch``
+    non-empty prompts of at most ``max_seq`` ids in ``[0, vocab)``."""
+    from fusionc.models.decoder import token_ids
+    try:
+        seqs = [token_ids(q, "prompt") for q in prompts]
+    except TypeError:
+        raise InputError(f"prompts {prompts!r:.80}", valid=f"{batch} lists of token ids")
+    if len(seqs) != batch or any(not 0 < len(q) <= max_seq for q in seqs):
+        raise InputError(f"prompts of lengths {[len(q) for q in seqs]}",
+                         valid=f"{batch} prompts (one per sequence) of 1 to {max_seq} ids")
+    bad = next((b for b, q in enumerate(seqs) if q.min() < 0 or q.max() >= vocab), None)
+    if bad is not None:
+        raise InputError(f"token ids of prompt {bad}: {seqs[bad].tolist()!r:.80}",
+                         valid=f"0 <= id < {vocab}")
+    return seqs
