@@ -6,7 +6,7 @@ that absorbs the norm before it and the elementwise ops after it (``fusionc/lowe
 - ``@norm_silu``: RMSNorm → linear → SiLU in one kernel: every CTA computes the rows' 1/rms
   itself, gamma scales the activation tiles, the row scale and SiLU run in the flush.
 - ``@mlp``: the Llama MLP block as ``fusionc.models.blocks`` writes it (fused ``w_gate_up`` +
-  ``split``): one persistent kernel of two phases — paired gate/up tiles with the SwiGLU
+  ``split``); above 8 batch rows (``v2_pipeline``'s default) one persistent kernel of two phases — paired gate/up tiles with the SwiGLU
   epilogue, whose flushes signal a counter per K chunk of the down projection, then the down
   projection (its producer waits on the chunks it reads) with the residual add in its flush.
 - ``@mlp_shard``: one tensor-parallel rank's MLP shard (no norm prologue, no residual: the
@@ -14,7 +14,8 @@ that absorbs the norm before it and the elementwise ops after it (``fusionc/lowe
 - ``@linear`` and ``@chain``: a lone linear, and two chained linears with a bias and a cast
   (one kernel of two phases, like the MLP).
 
-    fusionc ir examples/graphs_v2.py --lowering v2 --after partition-units -D hidden=256 -D inter=200
+    fusionc ir examples/graphs_v2.py --lowering v2 --after partition-units -D hidden=256 -D inter=200 \
+        --max-batch 16
     fusionc run examples/graphs_v2.py --lowering v2 --graph mlp --batch 4     # on the GPU
 """
 import fusionc as fc

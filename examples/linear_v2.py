@@ -2,10 +2,11 @@
 
 ``@linear`` is ``y = x·Wᵀ`` for one weight (the Llama-3-8B MLP down projection's shape, 4096 ×
 14336, by default); ``@qkv_bias`` adds a bias (Qwen2's fused QKV projection); ``@chain`` is two
-linear layers in a row (two kernels, the second reads the first's output). Each linear becomes
-one kernel whose grid is every resident CTA of the GPU: the weight is cut into 64-row × 256-byte
-tiles, streamed through a shared-memory ring by TMA bulk copies, on tensor cores from 2 batch
-rows (``fusionc/lower/linear_v2.py``, ``fusionc/passes/stream.py``).
+linear layers in a row (the second reads the first's output: two kernels up to 8 batch rows, one
+kernel of two phases above, ``fusionc.lower.match_v2.chains``). Each kernel's grid is every
+resident CTA of the GPU: the weight is cut into 64-row × 256-byte tiles, streamed through a
+shared-memory ring by TMA bulk copies, on tensor cores from 1 batch row
+(``fusionc/lower/linear_v2.py``, ``fusionc/passes/stream.py``).
 
     fusionc compile examples/linear_v2.py -o /tmp/lin --lowering v2 --max-batch 4
     fusionc ir examples/linear_v2.py --lowering v2 --after insert-barriers -D n=256 -D k=512

@@ -8,14 +8,19 @@ from fusionc.commands.compile import positive_int
 from fusionc.errors import InputError
 
 _EPILOG = """\
-The prompt runs through the decode step one token at a time, then --max-new-tokens tokens are
+On the GPU the prompt runs through the decode step one token at a time; with --cpu (at --tp 1) it
+goes through the interpreter in chunks of up to 256 tokens. Then --max-new-tokens tokens are
 generated (greedy unless --temperature > 0). Every layer's attention and MLP block is one fused
-kernel; one decode step is one CUDA graph. Prints the tokens of each sequence and ms per token.
+kernel; one decode step is one CUDA graph. --tp N --cpu runs N simulated tensor-parallel ranks
+(Llama-family models), each reading its shard of the checkpoint. Prints the tokens of each
+sequence and ms per token.
 
 examples:
   fusionc generate --model ./Llama-3.1-8B --prompt-tokens 128000,791,6864 --max-new-tokens 64
   fusionc random-model /tmp/tiny --kind qwen3                             # a tiny random model
   fusionc generate --model /tmp/tiny --prompt-tokens 1,2,3 --cpu         # interpreter, no GPU
+  fusionc random-model /tmp/tiny-l --kind llama
+  fusionc generate --model /tmp/tiny-l --prompt-tokens 1,2,3 --max-new-tokens 8 --cpu --tp 2
 """
 
 

@@ -96,20 +96,20 @@ def kernel_cost(k: Graph, batch: int = 1, kv_len: int = 4096, device: Device = H
 
 def streamed_cost(k: Graph, batch: int = 1, device: Device = H200) -> KernelCost:
     """Cost of a streamed persistent kernel (design v2): every tile it streams once (the
-    ``acc_gemv`` tile of each unit: weight rows and the batch's activation rows), the output
-    once, at the copy bandwidth over every resident CTA, plus the launch — the ring keeps the
+    ``acc_gemv`` tile of each unit of every phase: weight rows and the batch's activation
+    rows), each phase's output once, at the copy bandwidth over every resident CTA, plus the launch — the ring keeps the
     stream running, so no latency term (design v2 §2's measurement: 85–97% of the floor on
     large weights)."""
-    from fusionc.ir.ops.tile_units import units_op
-    units = units_op(k)
-    gemv = next(op for op in units.regions[0] if op.name == "acc_gemv")
-    n, kk = gemv.attr("n"), gemv.attr("k")
-    item = gemv.operands[2].type.dtype.itemsize
-    flush = next(op for op in units.regions[0] if op.name == "group_flush")
-    out_item = flush.operands[1].type.dtype.itemsize
-    read = n * kk * item + batch * kk * item
-    written = batch * n * out_item
-    flops = 2 * batch * n * kk
+    read = written = flops = 0
+    for units in (op for op in k.body if lookup(op.name).has("units")):   # every phase
+        gemv = next(op for op in units.regions[0] if op.name == "acc_gemv")
+        n, kk = gemv.attr("n"), gemv.attr("k")
+        item = gemv.operands[2].type.dtype.itemsize
+        flush = next(op for op in units.regions[0] if op.name == "group_flush")
+        out = flush.operands[1].type
+        read += n * kk * item + batch * kk * item
+        written += batch * out.shape[-1] * out.dtype.itemsize
+        flops += 2 * batch * n * kk
     grid = k.attr("grid")
     est = (read + written) / device.copy_bandwidth + device.launch_s
     return KernelCost(k.name, grid, 1, grid, 1, read + written, 0, flops, 0, est)

@@ -38,6 +38,7 @@ class HostDecoder(Decoder):
         from fusionc.models.tp import check_tp
         check_tp(cfg, tp)
         self._setup(cfg, batch, max_seq, dtype)
+        tp = int(tp)   # numpy integers too
         self.precise, self.tp = precise, tp
         self.prefills = tp == 1   # prompts in chunks (prefill); the TP layer steps per token
         if tp > 1:

@@ -12,6 +12,8 @@ of O and down. The embedding, final norm and LM head stay replicated.
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from fusionc.errors import InputError
@@ -21,13 +23,16 @@ def check_tp(cfg, tp) -> None:
     """InputError unless model ``cfg`` shards over ``tp`` ranks: tp a positive integer that
     divides heads, kv_heads and intermediate, and a Llama-family layer (the TP layer graph has
     no QK-norm or QKV bias yet)."""
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+    if isinstance(tp, bool) or not isinstance(tp, numbers.Integral) or tp < 1:
         raise InputError(f"tp = {tp!r}", valid="a positive number of ranks")
     for name in ("heads", "kv_heads", "intermediate"):
         n = getattr(cfg, name)
         if n % tp:
+            ok = [d for d in range(1, min(cfg.heads, cfg.kv_heads) + 1)
+                  if cfg.heads % d == 0 and cfg.kv_heads % d == 0 and cfg.intermediate % d == 0]
             raise InputError(f"tp = {tp} ranks for {name} = {n}",
-                             valid=f"a tp that divides {name} (each rank takes {name} / tp)")
+                             valid=f"a tp that divides heads, kv_heads and intermediate: "
+                                   f"{', '.join(map(str, ok))}")
     if tp > 1 and (cfg.qk_norm or cfg.qkv_bias):
         what = "QK-norm (Qwen3)" if cfg.qk_norm else "a QKV bias (Qwen2)"
         raise InputError(f"tp = {tp} for a {cfg.arch} model with {what}",
@@ -36,12 +41,18 @@ def check_tp(cfg, tp) -> None:
 
 
 def _bounds(rank: int, tp: int, heads: int, kv_heads: int, head_dim: int, intermediate: int):
-    """Rank r's (q rows, k rows, v rows, gate rows, up rows, o/down columns) of a layer."""
+    """Rank r's (q rows, k rows, v rows, gate rows, up rows, o/down columns) of a layer;
+    InputError for a rank outside 0..tp-1 or sizes tp does not divide."""
+    for what, v in (("tp", tp), ("rank", rank)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise InputError(f"{what} = {v!r}", valid="an integer")
     if not 0 <= rank < tp:
-        raise ValueError(f"rank {rank} of tp = {tp}")
+        raise InputError(f"rank {rank} of tp = {tp}", valid=f"0 <= rank < {tp}")
     for name, n in (("heads", heads), ("kv_heads", kv_heads), ("intermediate", intermediate)):
         if n % tp:
-            raise ValueError(f"{name} = {n} is not a multiple of tp = {tp}")
+            raise InputError(f"{name} = {n} is not a multiple of tp = {tp}",
+                             valid=f"a tp that divides {name}")
+    rank, tp = int(rank), int(tp)
     hq, hkv, ish, d = heads // tp, kv_heads // tp, intermediate // tp, head_dim
     q0, k0 = heads * d, (heads + kv_heads) * d
     return dict(q=slice(rank * hq * d, (rank + 1) * hq * d),
@@ -62,10 +73,19 @@ def shard_weights(w: dict, rank: int, tp: int, *, heads: int, kv_heads: int, hea
     ``w_down`` [hidden, intermediate], the norms ``attn_norm`` and ``mlp_norm``).
 
     Raises:
-        ValueError: rank outside 0..tp-1, or heads, kv_heads or intermediate not divisible
-            by tp.
+        InputError: rank outside 0..tp-1, heads, kv_heads or intermediate not divisible by
+            tp, or a weight whose shape is not the whole layer's for these sizes.
     """
     b = _bounds(rank, tp, heads, kv_heads, head_dim, intermediate)
+    hidden = w["w_qkv"].shape[-1]
+    want = {"w_qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
+            "w_o": (hidden, heads * head_dim), "w_gate_up": (2 * intermediate, hidden),
+            "w_down": (hidden, intermediate)}
+    for k, shape in want.items():
+        if tuple(w[k].shape) != shape:
+            raise InputError(f"whole-layer {k} of shape {list(w[k].shape)}",
+                             valid=f"{list(shape)} for heads = {heads}, kv_heads = {kv_heads}, "
+                                   f"head_dim = {head_dim}, intermediate = {intermediate}")
     xp = _xp(w["w_qkv"])
     qkv, gu = w["w_qkv"], w["w_gate_up"]
     return {"attn_norm": w["attn_norm"], "mlp_norm": w["mlp_norm"],
@@ -81,7 +101,7 @@ def shard_layer(attn: dict, mlp: dict, rank: int, tp: int, *, heads: int, kv_hea
     """Rank ``rank``'s inputs of the TP layer graph from the full single-GPU inputs of the
     ``@attention`` and ``@mlp`` graphs (weights as :func:`shard_weights`; k_cache/v_cache
     ``[B, S, kv_heads, head_dim]`` cut to the rank's KV heads; x, positions and lengths
-    replicated). Raises ValueError as :func:`shard_weights`."""
+    replicated). Raises InputError as :func:`shard_weights`."""
     sizes = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate)
     w = dict(attn_norm=attn["attn_norm"], w_qkv=attn["w_qkv"], w_o=attn["w_o"],
              mlp_norm=mlp["mlp_norm"], w_gate_up=mlp["w_gate_up"], w_down=mlp["w_down"])

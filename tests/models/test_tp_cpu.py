@@ -69,3 +69,19 @@ def test_the_gpu_decoder_names_its_tp_limit(model):
     from fusionc.models import Decoder
     with pytest.raises(InputError, match=r"Decoder\(tp=2\) on GPUs"):
         Decoder(load_config(model), tp=2)   # refused before anything needs a GPU
+
+
+def test_bad_ranks_and_sizes_of_the_shard_helpers_are_named(model):
+    cfg, src = load_config(model), SafetensorsWeights(model)
+    whole = layer_weights(src, cfg, 0)
+    sizes = dict(heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+                 intermediate=cfg.intermediate)
+    for rank, match in ((2, "rank 2 of tp = 2"), (1.5, "rank = 1.5"), ("0", "rank = '0'")):
+        with pytest.raises(InputError, match=match):
+            shard_weights(whole, rank, 2, **sizes)
+        with pytest.raises(InputError, match=match):
+            layer_shard(src, cfg, 0, rank, 2)
+    with pytest.raises(InputError, match="whole-layer w_qkv of shape"):
+        shard_weights(whole, 0, 2, **dict(sizes, heads=2 * cfg.heads))
+    two = HostDecoder.from_pretrained(model, max_seq=8, tp=np.int64(2))
+    assert two.tp == 2

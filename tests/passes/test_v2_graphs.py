@@ -280,3 +280,13 @@ def test_the_batch_bucket_is_named_past_its_limit(dtype, top):
     run_pipeline(Module((g["mlp"],)), v2_pipeline(top))
     with pytest.raises(LoweringError, match=f"at most {top} rows per call"):
         run_pipeline(Module((g["mlp"],)), v2_pipeline(top + 1))
+
+
+def test_the_cost_of_a_phased_kernel_counts_every_phase():
+    from fusionc.cost.model import streamed_cost
+    m = run_pipeline(Module((example("graphs_v2", hidden=256, inter=200)["mlp"],)),
+                     v2_pipeline(16))
+    k, = kernels(m)
+    weights = (2 * 200 * 256 + 256 * 200) * 2
+    c = streamed_cost(k, batch=1)
+    assert weights < c.global_bytes < weights + 4096 and c.flops == 2 * (400 * 256 + 256 * 200)

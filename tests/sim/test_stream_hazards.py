@@ -122,9 +122,13 @@ kernel @k {{grid = 2, cluster = 1, threads = 128, max_batch = 1}} (%y: f16[1, 64
 
 
 def test_counter_nothing_signals():
-    k = parse_module(CYCLE.format(wait="b")).graphs[0]
+    """Reported by the simulator (on a kernel the verifier did not see) and by the verifier."""
+    from fusionc.errors import VerifyError
+    k = parse_module(CYCLE.format(wait="b"), verify=False).graphs[0]
     with pytest.raises(SimulationError, match=": a counter nothing signals"):
         simulate_kernel(k, {"y": np.zeros((1, 64))}, grid=2)
+    with pytest.raises(VerifyError, match="which nothing in the kernel signals"):
+        parse_module(CYCLE.format(wait="b"))
 
 
 def test_wait_cycle():

@@ -80,9 +80,12 @@ def _fails(kernel, match, grid=4):
 
 @pytest.mark.parametrize("grid", [1, 4])
 def test_a_phase_without_the_wait_reads_unpublished_rows(grid):
-    """On one CTA too: its producer is ordered with its own consumers only by the ring."""
-    _fails(_kernel(wait="", fence=""), "before a flush of this launch wrote it|without "
-           "acquiring it", grid=grid)
+    """On one CTA too: its producer is ordered with its own consumers only by the ring. The
+    verifier refuses the kernel as well."""
+    k = parse_module(TWO.format(signal=SIGNAL, wait="", fence=""), verify=False).graphs[0]
+    _fails(k, "before a flush of this launch wrote it|without acquiring it", grid=grid)
+    with pytest.raises(VerifyError, match="phase 1 reads %h, which phase 0's flushes write"):
+        _kernel(wait="", fence="")
 
 
 @pytest.mark.parametrize("wait, fence", [(WAIT, ""), (FENCE + "\n    " + WAIT, "")])
@@ -96,7 +99,10 @@ def test_the_wait_without_the_proxy_fence_after_it(wait, fence):
 
 
 def test_a_wait_on_chunks_no_flush_signals():
-    _fails(_kernel(signal=""), "a counter nothing signals")
+    k = parse_module(TWO.format(signal="", wait=WAIT, fence=FENCE), verify=False).graphs[0]
+    _fails(k, "a counter nothing signals")
+    with pytest.raises(VerifyError, match="which nothing in the kernel signals"):
+        _kernel(signal="")
 
 
 def test_wait_target_gives_the_last_chunk_the_rest():
@@ -144,3 +150,29 @@ def test_chunks_that_do_not_match_the_next_phase_are_refused():
 def test_kernel_layouts_the_phases_do_not_take(old, new, match):
     with pytest.raises(VerifyError, match=match):
         parse_module(TWO.replace(old, new, 1).format(signal=SIGNAL, wait=WAIT, fence=FENCE))
+
+
+def test_a_wait_after_the_copies_it_guards_is_refused():
+    k = TWO.format(signal=SIGNAL, wait="", fence="").replace(
+        "ring_issue(%ring, %w2, %h)", "ring_issue(%ring, %w2, %h)\n    " + WAIT + "\n    " + FENCE)
+    with pytest.raises(VerifyError, match="with no counter_wait on 'h' before it"):
+        parse_module(k)
+
+
+@pytest.mark.parametrize("old, new, match", [
+    ("acc_gemv(%acc, %tx2, %tw2)", "acc_gemv(%acc2, %tx2, %tw2)", "the same accumulator"),
+])
+def test_a_flush_of_another_accumulator_is_refused(old, new, match):
+    k = TWO.replace("  %ring = ring_alloc()", "  %acc2 = acc_alloc() : f32[B, 64]\n"
+                    "  %ring = ring_alloc()").replace(old, new)
+    with pytest.raises(VerifyError, match=match):
+        parse_module(k.format(signal=SIGNAL, wait=WAIT, fence=FENCE))
+
+
+def test_a_flush_before_its_gemv_is_refused():
+    k = TWO.replace("    group_flush(%acc, %h) {{rows = 64{signal}}}\n", "").replace(
+        "    ring_claim(%ring)\n    ring_issue(%ring, %w1, %x)",
+        "    group_flush(%acc, %h) {{rows = 64{signal}}}\n    ring_claim(%ring)\n"
+        "    ring_issue(%ring, %w1, %x)")
+    with pytest.raises(VerifyError, match="group_flush before the region's acc_gemv"):
+        parse_module(k.format(signal=SIGNAL, wait=WAIT, fence=FENCE))

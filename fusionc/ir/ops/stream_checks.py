@@ -73,6 +73,13 @@ def check_tiles(units, graph) -> None:
         if not 0 <= r.attr("eps") < float("inf"):
             fail(r, f"eps = {r.attr('eps')}", "a finite eps >= 0")
     for g, f in zip(gemvs, flushes):
+        if f.operands[0].name != g.operands[0].name:
+            fail(f, f"flushes %{f.operands[0].name} but the region's acc_gemv accumulates "
+                    f"%{g.operands[0].name}", "the same accumulator")
+        if list(body).index(f) < list(body).index(g):
+            fail(f, "group_flush before the region's acc_gemv",
+                 "group_flush after acc_gemv (and ring_release): a group's last unit is "
+                 "summed before it is flushed")
         split, n = g.attr("split"), g.attr("n")
         for issue in (o for o in body if o.name == "ring_issue"):
             if issue.attr("split") != split:
@@ -120,16 +127,44 @@ def check_phases(graph) -> None:
     rings = [o for o in body if o.name == "ring_alloc"]
     if len(rings) > 1:
         fail(rings[1], "a second ring_alloc", "one ring per kernel, shared by its phases")
-    signals = {}   # name -> (phase, flush, gemv)
+    signals, written = {}, {}   # signal name -> (phase, flush, gemv, units); y -> (phase, flush)
     for p, u in enumerate(phases):
         gemv = next((o for o in u.regions[0] if o.name == "acc_gemv"), None)
-        for f in (o for o in u.regions[0] if o.name == "group_flush" and o.attr("signal")):
-            signals[f.attr("signal")] = (p, f, gemv, u)
+        for f in (o for o in u.regions[0] if o.name == "group_flush"):
+            written[f.operands[1].name] = (p, f)
+            if f.attr("signal"):
+                signals[f.attr("signal")] = (p, f, gemv, u)
+    named = signals.keys() | {o.attr("name") for o in graph.walk() if o.name == "counter_signal"}
     for p, u in enumerate(phases):
         region = list(u.regions[0])
+        for w in (o for o in region if o.name == "counter_wait"):
+            if w.attr("name") not in named:
+                fail(w, f"a wait on '{w.attr('name')}', which nothing in the kernel signals",
+                     "a counter set that a group_flush {signal} or counter_signal adds to")
         waits = [o for o in region if o.name == "counter_wait" and o.attr("name") in signals]
         for w in waits:
             _check_chunk_wait(w, p, u, region, signals[w.attr("name")], len(waits))
+        _check_reads(p, region, written)
+
+
+def _check_reads(p, region, written) -> None:
+    """A phase that reads what an earlier phase's flushes write waits on their chunk counters
+    before reading (before its ring_issue, or its acc_gemv on the plain-load path)."""
+    for k, op in enumerate(region):
+        if op.name not in ("ring_issue", "acc_gemv"):
+            continue
+        x = op.operands[2] if op.name == "ring_issue" else op.operands[1]
+        if x.name not in written or written[x.name][0] >= p:
+            continue
+        sp, flush = written[x.name]
+        sig = flush.attr("signal")
+        if not sig or not any(o.name == "counter_wait" and o.attr("name") == sig
+                              for o in region[:k]):
+            fail(op, f"phase {p} reads %{x.name}, which phase {sp}'s flushes write, with no "
+                     f"counter_wait on {sig or 'their signal'!r} before it",
+                 "group_flush {signal, per} in the writing phase; counter_wait {slot = step, "
+                 "reset = exit, warp = producer}, fence_proxy_async, ring_claim, ring_issue "
+                 "in the reading one")
 
 
 def _check_chunk_wait(w, p, u, region, signal, n_waits) -> None:
