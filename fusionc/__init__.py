@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the lazy exports below, spelled out for IDEs and type check
                          passes, runtime, sim, tune)
     from fusionc.dsl import (ElemType, Tensor, Tracer, add, all_reduce, bf16,  # noqa: F401
                              cast, chunk_attention, decode_attention, dtype, f16, f32, f64,
-                             graph, head_linear, kv_cache_write,
+                             graph, head_linear, kv_cache_write, embedding,
                              i32, i64, kv_cache_append, latent_cache_append, linear,
                              load_file, merge_heads, mla_decode_attention, module, mul,
                              reshape, rms_norm, rope, silu, silu_mul, split, split_heads,
@@ -37,7 +37,7 @@ _DSL_NAMES = frozenset({
     "graph", "module", "trace", "load_file", "add", "cast", "linear", "merge_heads", "mul",
     "reshape", "rms_norm", "silu", "silu_mul", "split", "split_heads", "all_reduce",
     "decode_attention", "kv_cache_append", "rope", "head_linear", "latent_cache_append",
-    "chunk_attention", "kv_cache_write",
+    "chunk_attention", "kv_cache_write", "embedding",
     "mla_decode_attention", "ElemType", "Tensor", "bf16", "dtype", "f16",
     "f32", "f64", "i32", "i64", "Tracer"})
 

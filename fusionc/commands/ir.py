@@ -92,6 +92,8 @@ def parse_sizes(items: list[str]) -> dict:
         name, eq, text = item.partition("=")
         if not eq or not name.isidentifier():
             raise DSLError(f"bad -D {item!r}", valid="-D NAME=VALUE, e.g. -D hidden=512")
+        if name in out:
+            raise DSLError(f"-D {name} given twice", valid="each size once")
         try:
             out[name] = ast.literal_eval(text)
         except (ValueError, SyntaxError):

@@ -15,8 +15,8 @@
 """
 from fusionc.dsl.graph import graph, module, trace
 from fusionc.dsl.loader import load_file
-from fusionc.dsl.ops_basic import (add, cast, linear, merge_heads, mul, reshape, rms_norm, silu,
-                                   silu_mul, split, split_heads)
+from fusionc.dsl.ops_basic import (add, cast, embedding, linear, merge_heads, mul, reshape,
+                                   rms_norm, silu, silu_mul, split, split_heads)
 from fusionc.dsl.ops_decoder import (all_reduce, chunk_attention, decode_attention,
                                      kv_cache_append, kv_cache_write, rope)
 from fusionc.dsl.ops_mla import head_linear, latent_cache_append, mla_decode_attention
@@ -26,6 +26,6 @@ from fusionc.dsl.tensor import Tracer
 __all__ = ["graph", "module", "trace", "load_file", "add", "cast", "linear", "merge_heads",
            "mul", "reshape", "rms_norm", "silu", "silu_mul", "split", "split_heads",
            "all_reduce", "decode_attention", "kv_cache_append", "rope", "head_linear",
-           "chunk_attention", "kv_cache_write",
+           "chunk_attention", "kv_cache_write", "embedding",
            "latent_cache_append", "mla_decode_attention", "ElemType", "Tensor",
            "bf16", "dtype", "f16", "f32", "f64", "i32", "i64", "Tracer"]

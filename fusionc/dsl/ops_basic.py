@@ -71,6 +71,18 @@ def linear(x: Tracer, w: Tracer, bias: Tracer | None = None, *,
     return emit("linear", operands, name=name)[0]
 
 
+def embedding(table: Tracer, tokens: Tracer, *, name: str | None = None) -> Tracer:
+    """y[b] = table[tokens[b]]: the rows of the token ids (``torch.nn.Embedding``).
+
+    Args:
+        table: ``[vocab, hidden]``; tokens: ``i32[B]``, each in ``[0, vocab)`` (checked when
+            the graph runs).
+    Returns:
+        ``[B, hidden]``, dtype of the table (the rows as they are).
+    """
+    return emit("embedding", (table, tokens), name=name)[0]
+
+
 def reshape(x: Tracer, *shape, name: str | None = None) -> Tracer:
     """x viewed with another row-major shape of the same size (no data moves on the GPU).
 

@@ -73,8 +73,16 @@ def _make(step, text: str) -> Pass:
         if key not in fields:
             raise PassError(f"pass '{name}' has no option '{key}'", op=name,
                             valid=", ".join(fields) or "no options")
+        if key in opts:
+            raise PassError(f"option '{key}' of pass '{name}' given twice", op=name,
+                            loc=Loc("pipeline", 1, opt.children[0].column),
+                            valid="each option once")
         opts[key] = _convert(name, key, raw, fields[key].type)
-    return cls(**opts)
+    made = cls(**opts)
+    check = getattr(made, "check_options", None)
+    if check is not None:
+        check()
+    return made
 
 
 def _convert(name: str, key: str, raw: str, typ) -> object:

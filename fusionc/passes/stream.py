@@ -86,6 +86,12 @@ class PartitionUnits(Pass):
     grid: int = 0
     chain: bool = True     # chained linears as phases of one kernel (match_v2.chains)
 
+    def check_options(self) -> None:
+        """PassError for a batch bucket < 1 or a negative grid (0: one CTA per SM)."""
+        if self.max_batch < 1 or self.grid < 0:
+            raise PassError(f"max_batch = {self.max_batch}, grid = {self.grid}", op=self.name,
+                            valid="max_batch >= 1 and grid >= 0 (0: one CTA per SM)")
+
     def run(self, module: Module) -> Module:
         items = [g for g in module.graphs if g.kind == "kernel"]
         hosts = []
@@ -251,13 +257,14 @@ class SmemPlan(Pass):
     name = "smem-plan"
     max_stages: int = 4   # 4 beat 6 and 8 on an H200 (2026-12-02: 13.7 vs 16.0 us, 4096 x 4096)
 
-    def run(self, module: Module) -> Module:
-        return _kernels(module, self.size)
-
-    def run(self, module: Module) -> Module:   # noqa: F811 (checks the option, then sizes)
+    def check_options(self) -> None:
+        """PassError for a ring of fewer than 2 or more than 16 stages."""
         if not 2 <= self.max_stages <= 16:
             raise PassError(f"max_stages = {self.max_stages}", op=self.name,
                             valid="2 to 16 stages")
+
+    def run(self, module: Module) -> Module:
+        self.check_options()   # also for instances not made from a pipeline string
         return _kernels(module, self.size)
 
     def size(self, k: Graph) -> Graph:

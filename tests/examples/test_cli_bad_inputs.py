@@ -189,3 +189,8 @@ def test_graph_named_like_a_generated_kernel(capsys, tmp_path):
 def test_bad_sizes_are_named(capsys, size, fragment):
     code, out, err = run_cli(capsys, "ir", LLAMA2, "-D", size)
     assert code == 1 and out == "" and fragment in err and "valid:" in err, err
+
+
+def test_a_size_given_twice_is_named(capsys):
+    code, out, err = run_cli(capsys, "ir", LLAMA2, "-D", "hidden=256", "-D", "hidden=300")
+    assert code == 1 and out == "" and "-D hidden given twice" in err, err

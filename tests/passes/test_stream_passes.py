@@ -125,3 +125,17 @@ def test_kernel_names_do_not_clash_with_graphs():
     other = lin.graphs[0].replace(name="lin_k0")
     m = run_pipeline(Module((lin.graphs[0], other)), v2_pipeline(2))
     assert len(set(m.names)) == len(m.names)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("partition-units{chain=true,chain=false}", "option 'chain' of pass 'partition-units' "
+                                                "given twice"),
+    ("partition-units{max_batch=0}", "max_batch >= 1"),
+    ("partition-units{grid=-1}", "grid >= 0"),
+    ("smem-plan{max_stages=1}", "2 to 16 stages"),
+])
+def test_bad_pass_options_are_named_when_the_pipeline_is_read(spec, match):
+    from fusionc.errors import PassError
+    from fusionc.passes.pipeline import parse_pipeline
+    with pytest.raises(PassError, match=match):
+        parse_pipeline(spec)
