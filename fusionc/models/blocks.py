@@ -174,15 +174,24 @@ def tp_layer_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int,
                                               fc.split_heads(v, hkv, name="v_heads"), positions)
         o = fc.decode_attention(q, k_cache, v_cache, seq_lens, 1 / math.sqrt(head_dim),
                                 name="o")
-        attn = fc.linear(fc.merge_heads(o, name="o_flat"), w_o, name="o_partial")
-        h = x + fc.all_reduce(attn, tp, name="o_sum")
-        y = fc.rms_norm(h, mlp_norm, eps, name="y")
-        gate, up = fc.split(fc.linear(y, w_gate_up, name="gate_up"), [ish, ish],
-                            name=("gate", "up"))
-        down = fc.linear(fc.silu_mul(gate, up, name="act"), w_down, name="down_partial")
-        return h + fc.all_reduce(down, tp, name="down_sum"), k_cache, v_cache
+        return tp_tail(x, o, w_o, mlp_norm, w_gate_up, w_down, tp=tp, eps=eps), k_cache, \
+            v_cache
 
     return layer
+
+
+def tp_tail(x, o, w_o, mlp_norm, w_gate_up, w_down, *, tp: int, eps: float):
+    """A TP layer after its attention ``o`` [rows, heads/tp, head_dim]: the row-parallel O
+    projection, ``h = x + all_reduce(·)``, the MLP's RMSNorm, this rank's gate/up rows and
+    down columns, ``h + all_reduce(down)`` (the new hidden state)."""
+    ish = w_down.shape[1]
+    attn = fc.linear(fc.merge_heads(o, name="o_flat"), w_o, name="o_partial")
+    h = x + fc.all_reduce(attn, tp, name="o_sum")
+    y = fc.rms_norm(h, mlp_norm, eps, name="y")
+    gate, up = fc.split(fc.linear(y, w_gate_up, name="gate_up"), [ish, ish],
+                        name=("gate", "up"))
+    down = fc.linear(fc.silu_mul(gate, up, name="act"), w_down, name="down_partial")
+    return h + fc.all_reduce(down, tp, name="down_sum")
 
 
 def tp_oproj_block(*, hidden: int, heads: int, head_dim: int, tp: int, eps: float, dtype: str,

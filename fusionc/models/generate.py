@@ -36,8 +36,8 @@ def generate(decoder, prompt, max_new_tokens: int, sampling: Sampling = Sampling
         keep_logits: also return each step's logits (host fp32 ``[batch, vocab]``, prompt steps
             included) in ``Generation.logits``.
         prefill: the prompt in chunks (``decoder.prefill``, where ``decoder.prefills``: the CPU
-            decoder at tp = 1 so far) rather than one decode step per token; default: chunks
-            unless ``keep_logits`` asks for every prompt step's logits.
+            decoder so far) rather than one decode step per token; default: chunks unless
+            ``keep_logits`` asks for every prompt step's logits.
     Raises:
         InputError: an empty prompt, too many tokens for the KV cache, ids outside the vocab.
     """
@@ -55,7 +55,7 @@ def generate(decoder, prompt, max_new_tokens: int, sampling: Sampling = Sampling
     if prefill and not getattr(decoder, "prefills", False):
         raise InputError(f"prefill with a {type(decoder).__name__}",
                          valid="prefill=False (this decoder steps through prompts token by "
-                               "token), or a HostDecoder with tp = 1")
+                               "token), or a HostDecoder")
     t0 = time.perf_counter()
     if prefill:
         logits = decoder.prefill(list(p))

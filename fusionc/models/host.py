@@ -40,7 +40,7 @@ class HostDecoder(Decoder):
         self._setup(cfg, batch, max_seq, dtype)
         tp = int(tp)   # numpy integers too
         self.precise, self.tp = precise, tp
-        self.prefills = tp == 1   # prompts in chunks (prefill); the TP layer steps per token
+        self.prefills = True   # prompts in chunks (prefill)
         if tp > 1:
             from fusionc.models.blocks import tp_layer_block
             self.module = tp_layer_block(
@@ -105,7 +105,7 @@ class HostDecoder(Decoder):
         x = self.embed[tokens].astype(dt.numpy if not self.precise else np.float64)
         run = {"positions": positions, "seq_lens": positions + 1}
         if self.tp > 1:
-            return self._logits(self._tp_layers(x, run))
+            return self._logits(self._tp_layers(x, run, self.module, "layer"))
         return self._logits(self._layers(x, run, self.module, "attention"))
 
     def prefill(self, prompts, chunk: int | None = None) -> np.ndarray:
@@ -117,14 +117,11 @@ class HostDecoder(Decoder):
 
         Raises:
             InputError: not one non-empty prompt per sequence, a prompt longer than max_seq,
-                ids outside the vocabulary, or tp > 1 (not yet).
+                or ids outside the vocabulary.
         """
         from fusionc.models.prefill import CHUNK, chunks
         if not self.layers:
             raise InputError("the decoder has no weights", valid="load() them first")
-        if self.tp > 1:
-            raise InputError(f"prefill with tp = {self.tp}",
-                             valid="tp = 1 (simulated ranks decode prompts token by token)")
         seqs = _prompts(prompts, self.batch, self.max_seq, self.cfg.vocab)
         lengths = [len(q) for q in seqs]
         last = [None] * self.batch
@@ -132,18 +129,25 @@ class HostDecoder(Decoder):
         for seq_of, pos, off in chunks(lengths, [0] * self.batch, chunk or CHUNK):
             toks = np.array([seqs[b][i] for b, i in zip(seq_of, off)], np.int64)
             x = self.embed[toks].astype(dt.numpy if not self.precise else np.float64)
-            x = self._layers(x, {"positions": pos, "seq_of": seq_of}, self._chunk_module(),
-                             "attention_chunk")
+            run = {"positions": pos, "seq_of": seq_of}
+            x = self._tp_layers(x, run, self._chunk_module(), "layer_chunk") if self.tp > 1 \
+                else self._layers(x, run, self._chunk_module(), "attention_chunk")
             for r, (b, i) in enumerate(zip(seq_of, off)):
                 if i == lengths[b] - 1:
                     last[b] = x[r]
         return self._logits(np.stack(last))
 
     def _chunk_module(self):
-        """``@attention_chunk`` for this model (built once)."""
+        """``@attention_chunk`` (or with tp ``@layer_chunk``) for this model (built once)."""
         if getattr(self, "_chunk", None) is None:
-            from fusionc.models.prefill import chunk_attention_block
+            from fusionc.models.prefill import chunk_attention_block, tp_chunk_layer_block
             c = self.cfg
+            if self.tp > 1:
+                self._chunk = tp_chunk_layer_block(
+                    hidden=c.hidden, heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim,
+                    intermediate=c.intermediate, tp=self.tp, max_seq=self.max_seq, eps=c.eps,
+                    theta=c.theta, dtype=self.dtype, rope_scaling=c.rope_scaling)
+                return self._chunk
             self._chunk = chunk_attention_block(
                 hidden=c.hidden, heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim,
                 max_seq=self.max_seq, eps=c.eps, theta=c.theta, dtype=self.dtype,
@@ -174,15 +178,16 @@ class HostDecoder(Decoder):
             normed = round_to(normed, DType(self.dtype)).astype(np.float32)
         return normed @ self.lm_head.T
 
-    def _tp_layers(self, x: np.ndarray, run: dict) -> np.ndarray:
-        """Every layer over the simulated ranks in lockstep; the ranks' hidden states agree
-        (the all-reduces give every rank the same sums), rank 0's goes on."""
+    def _tp_layers(self, x: np.ndarray, run: dict, module, graph: str) -> np.ndarray:
+        """Every layer (graph ``graph`` of ``module``) over the simulated ranks in lockstep;
+        the ranks' hidden states agree (the all-reduces give every rank the same sums), rank
+        0's goes on."""
         from fusionc.interp.interpreter import interpret
-        names = [p.name for p in self.module["layer"].params]
+        names = [p.name for p in module[graph].params]
         for ranks in self.layers:
             ins = [{n: x if n == "x" else run[n] if n in run else w[n] for n in names}
                    for w in ranks]
-            outs = interpret(self.module, ins, graph="layer", precise=self.precise)
+            outs = interpret(module, ins, graph=graph, precise=self.precise)
             for w, (_, kc, vc) in zip(ranks, outs):
                 w["k_cache"], w["v_cache"] = kc, vc
             x = outs[0][0]

@@ -68,6 +68,40 @@ def chunk_attention_block(*, hidden: int, heads: int, kv_heads: int, head_dim: i
     return attention_chunk
 
 
+def tp_chunk_layer_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                         intermediate: int, tp: int, max_seq: int, eps: float, theta: float,
+                         dtype: str, rope_scaling=()) -> Module:
+    """Graph ``@layer_chunk``: one rank's shard of a decoder layer
+    (:func:`fusionc.models.blocks.tp_layer_block`) for the rows of a chunk — x ``[T, hidden]``,
+    ``positions`` and ``seq_of`` ``i32[T]``, this rank's caches ``[N, max_seq, kv_heads/tp,
+    head_dim]``; same weights. Returns the new hidden states and the caches. Sizes as
+    :func:`~fusionc.models.tp.check_tp` allows (ValueError otherwise, from the decode form)."""
+    from fusionc.models.blocks import tp_layer_block, tp_tail
+    tp_layer_block(hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                   intermediate=intermediate, tp=tp, max_seq=max_seq, eps=eps, theta=theta,
+                   dtype=dtype, rope_scaling=rope_scaling)   # checks the sizes
+    T = fc.dtype(dtype)
+    hq, hkv, ish = heads // tp, kv_heads // tp, intermediate // tp
+    q_size, kv_size = hq * head_dim, hkv * head_dim
+    cache = T["N", max_seq, hkv, head_dim]
+    sizes = dict(heads=hq, kv_heads=hkv, head_dim=head_dim, eps=eps, theta=theta,
+                 rope_scaling=rope_scaling)
+
+    @fc.graph
+    def layer_chunk(x: T["T", hidden], attn_norm: T[hidden],
+                    w_qkv: T[q_size + 2 * kv_size, hidden], w_o: T[hidden, q_size],
+                    k_cache: cache, v_cache: cache, positions: fc.i32["T"],
+                    seq_of: fc.i32["T"], mlp_norm: T[hidden], w_gate_up: T[2 * ish, hidden],
+                    w_down: T[hidden, ish]):
+        q, k, v = qkv_heads(x, w_qkv, (attn_norm,), positions, **sizes)
+        k_cache, v_cache = fc.kv_cache_write(k_cache, v_cache, k, v, seq_of, positions)
+        o = fc.chunk_attention(q, k_cache, v_cache, seq_of, positions, 1 / math.sqrt(head_dim),
+                               name="o")
+        return tp_tail(x, o, w_o, mlp_norm, w_gate_up, w_down, tp=tp, eps=eps), k_cache, \
+            v_cache
+    return layer_chunk
+
+
 def chunks(lengths, start, chunk: int = CHUNK):
     """The passes of a batch of prompts: sequence b has ``lengths[b]`` new tokens from position
     ``start[b]``; each pass is ``(seq_of, positions, offsets)`` of at most ``chunk`` rows,

@@ -85,3 +85,13 @@ def test_bad_ranks_and_sizes_of_the_shard_helpers_are_named(model):
         shard_weights(whole, 0, 2, **dict(sizes, heads=2 * cfg.heads))
     two = HostDecoder.from_pretrained(model, max_seq=8, tp=np.int64(2))
     assert two.tp == 2
+
+
+@pytest.mark.parametrize("chunk", [3, 256])
+def test_two_simulated_ranks_prefill_like_one(model, chunk):
+    rng = np.random.default_rng(chunk)
+    prompts = [rng.integers(0, 80, 9), rng.integers(0, 80, 4)]
+    one = HostDecoder.from_pretrained(model, batch=2, max_seq=16)
+    two = HostDecoder.from_pretrained(model, batch=2, max_seq=16, tp=2)
+    a, b = one.prefill(prompts, chunk=chunk), two.prefill(prompts, chunk=chunk)
+    assert np.linalg.norm(a - b) / np.linalg.norm(a) <= 1e-2
