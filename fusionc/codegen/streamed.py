@@ -188,7 +188,7 @@ def _check_protocol(units: Op, ring: Op) -> None:
                            valid="ring_issue in the units region")
     i = names.index("ring_issue")
     if i == 0 or names[i - 1] != "ring_claim":
-        raise CompileError("ring_issue without ring_claim before it", op="ring_issue",
+        raise CompileError("ring_issue not right after a ring_claim", op="ring_issue",
                            loc=body[i].loc, valid=want)
     views = {r.name for op in body if op.name == "ring_stage" for r in op.results}
     reads = [k for k, op in enumerate(body) if any(v.name in views for v in op.operands)]
