@@ -77,6 +77,12 @@ class HostDecoder(Decoder):
             return w
         self.layers = []
         for w in layers:
+            if not isinstance(w, dict) and (self.tp == 1 or len(w) != self.tp):
+                raise InputError(f"a layer of {type(w).__name__} "
+                                 f"{len(w) if isinstance(w, list) else ''}",
+                                 valid="a dict of the whole layer's weights" +
+                                       (f", or a list of {self.tp} rank shards"
+                                        if self.tp > 1 else ""))
             if self.tp == 1:
                 self.layers.append(host(w))
                 continue
@@ -126,7 +132,7 @@ class HostDecoder(Decoder):
         lengths = [len(q) for q in seqs]
         last = [None] * self.batch
         dt = DType(self.dtype)
-        for seq_of, pos, off in chunks(lengths, [0] * self.batch, chunk or CHUNK):
+        for seq_of, pos, off in chunks(lengths, [0] * self.batch, CHUNK if chunk is None else chunk):
             toks = np.array([seqs[b][i] for b, i in zip(seq_of, off)], np.int64)
             x = self.embed[toks].astype(dt.numpy if not self.precise else np.float64)
             run = {"positions": pos, "seq_of": seq_of}

@@ -9,6 +9,7 @@ instead of n decode steps.
 """
 # no `from __future__ import annotations`: the DSL evaluates the annotations
 import math
+import numbers
 
 import numpy as np
 
@@ -107,7 +108,7 @@ def chunks(lengths, start, chunk: int = CHUNK):
     ``start[b]``; each pass is ``(seq_of, positions, offsets)`` of at most ``chunk`` rows,
     sequences in order, a sequence's rows consecutive (``offsets``: the row's index within its
     prompt). InputError for negative lengths or a chunk < 1."""
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+    if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1:
         raise InputError(f"chunk = {chunk!r}", valid="a positive number of rows per pass")
     rows = [(b, int(start[b]) + i, i) for b, n in enumerate(lengths) for i in range(int(n))]
     if any(int(n) < 0 for n in lengths):

@@ -68,7 +68,7 @@ def _make(step, text: str) -> Pass:
                         valid=", ".join(sorted(PASSES)))
     fields = {f.name: f for f in dataclasses.fields(cls)}
     opts = {}
-    for opt in step.children[1:]:
+    for opt in (o for o in step.children[1:] if o is not None):   # "fuse{}": no options
         key, raw = str(opt.children[0]), str(opt.children[1])
         if key not in fields:
             raise PassError(f"pass '{name}' has no option '{key}'", op=name,

@@ -133,3 +133,14 @@ def test_prefill_errors(model):
 
 class _NoPrefill:
     batch, max_seq = 1, 8
+
+
+
+def test_the_chunk_size_is_checked(model):
+    rng = np.random.default_rng(9)
+    p = rng.integers(0, 80, 7)
+    dec = HostDecoder.from_pretrained(model, batch=1, max_seq=16)
+    a = dec.prefill([p], chunk=np.int64(3))
+    assert rel(a, dec.prefill([p])) <= 1e-2
+    with pytest.raises(InputError, match="a positive number of rows"):
+        dec.prefill([p], chunk=0)

@@ -95,3 +95,15 @@ def test_two_simulated_ranks_prefill_like_one(model, chunk):
     two = HostDecoder.from_pretrained(model, batch=2, max_seq=16, tp=2)
     a, b = one.prefill(prompts, chunk=chunk), two.prefill(prompts, chunk=chunk)
     assert np.linalg.norm(a - b) / np.linalg.norm(a) <= 1e-2
+
+
+def test_layers_of_the_wrong_form_are_named(model):
+    cfg, src = load_config(model), SafetensorsWeights(model)
+    shards = [layer_shard(src, cfg, 0, r, 2) for r in range(2)]
+    from fusionc.models.weights import head_weights
+    one = HostDecoder(cfg, max_seq=8)
+    with pytest.raises(InputError, match="a dict of the whole layer's weights"):
+        one.load([shards] * cfg.layers, head_weights(src, cfg))
+    four = HostDecoder(cfg, max_seq=8, tp=2)
+    with pytest.raises(InputError, match="a list of 2 rank shards"):
+        four.load([shards[:1]] * cfg.layers, head_weights(src, cfg))

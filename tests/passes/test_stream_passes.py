@@ -139,3 +139,8 @@ def test_bad_pass_options_are_named_when_the_pipeline_is_read(spec, match):
     from fusionc.passes.pipeline import parse_pipeline
     with pytest.raises(PassError, match=match):
         parse_pipeline(spec)
+
+
+def test_empty_option_braces_mean_no_options():
+    from fusionc.passes.pipeline import parse_pipeline
+    assert [p.name for p in parse_pipeline("fuse{},smem-plan{}")] == ["fuse", "smem-plan"]
