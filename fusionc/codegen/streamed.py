@@ -29,7 +29,7 @@ from fusionc.codegen.source import KernelParam, KernelSource
 from fusionc.errors import CompileError
 from fusionc.ir.kernel import ring_geometry
 from fusionc.ir.nodes import Graph, Op
-from fusionc.ir.ops.tile_units import in_producer, units_op
+from fusionc.ir.ops.tile_units import in_producer, phases_of, units_op
 from fusionc.ir.registry import lookup
 from fusionc.ir.printer import print_graph
 from fusionc.ir.types import DType
@@ -111,11 +111,6 @@ class StreamPlan:
 def is_streamed(kernel: Graph) -> bool:
     """Whether ``kernel`` is a streamed persistent kernel (it has a ``units`` region)."""
     return units_op(kernel) is not None
-
-
-def phases_of(kernel: Graph) -> list[Op]:
-    """The kernel's ``units`` regions, in order."""
-    return [op for op in kernel.body if lookup(op.name).has("units")]
 
 
 def plan(kernel: Graph, check: bool = True) -> StreamPlan:

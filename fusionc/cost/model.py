@@ -101,7 +101,8 @@ def streamed_cost(k: Graph, batch: int = 1, device: Device = H200) -> KernelCost
     stream running, so no latency term (design v2 §2's measurement: 85–97% of the floor on
     large weights)."""
     read = written = flops = 0
-    for units in (op for op in k.body if lookup(op.name).has("units")):   # every phase
+    from fusionc.ir.ops.tile_units import phases_of
+    for units in phases_of(k):   # every phase
         gemv = next(op for op in units.regions[0] if op.name == "acc_gemv")
         n, kk = gemv.attr("n"), gemv.attr("k")
         item = gemv.operands[2].type.dtype.itemsize

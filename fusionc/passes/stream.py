@@ -72,8 +72,8 @@ def _units(k: Graph) -> Op | None:
 
 
 def _phases(k: Graph) -> list[Op]:
-    """The kernel's ``units`` regions (phases), in order."""
-    return [op for op in k.body if lookup(op.name).has("units")]
+    from fusionc.ir.ops.tile_units import phases_of
+    return phases_of(k)
 
 
 @register_pass

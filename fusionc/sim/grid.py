@@ -21,7 +21,7 @@ from typing import Iterator
 
 from fusionc.errors import InputError, SimulationError
 from fusionc.ir.nodes import Graph, Op
-from fusionc.ir.ops.tile_units import in_producer, units_op
+from fusionc.ir.ops.tile_units import in_producer, phases_of, units_op
 from fusionc.ir.registry import lookup
 from fusionc.sim.state import CTA, GlobalMemory
 from fusionc.sim.stream_state import Block, Grid, StreamCTA
@@ -33,7 +33,7 @@ VIRTUAL_GRID = 6   # CTAs simulated by default (the GPU runs min(resident CTAs, 
 def run_streamed(kernel: Graph, memory: GlobalMemory, env: dict, grid: int | None = None,
                  seed: int = 0, lazy_copies: bool = False) -> None:
     """Run ``kernel`` (with a ``units`` region) on ``memory`` over ``grid`` virtual CTAs."""
-    phases = [op for op in kernel.body if lookup(op.name).has("units")]
+    phases = phases_of(kernel)
     count = max(op.attr("count") for op in phases)
     if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or grid < 1):
         raise InputError(f"grid = {grid!r}", op=kernel.name,

@@ -106,6 +106,8 @@ class StreamCTA:
         self.visible = {"producer": set(), "consumer": {cta.gid}}
         self.outputs = {op.operands[1].name for op in kernel.walk() if op.name == "group_flush"}
         self.proxy_dirty = {"producer": False, "consumer": False}
+        from fusionc.ir.ops.tile_units import phases_of
+        self.phases = phases_of(kernel)
 
     @property
     def sched(self) -> UnitSchedule:
@@ -114,9 +116,7 @@ class StreamCTA:
 
     def _region(self) -> tuple:
         """The ops of the units region (phase) the current role is in."""
-        from fusionc.ir.registry import lookup
-        phases = [op for op in self.kernel.body if lookup(op.name).has("units")]
-        return phases[self.phase[self.role]].regions[0]
+        return self.phases[self.phase[self.role]].regions[0]
 
     # -- ring --------------------------------------------------------------------------------
     def alloc(self, op, args):

@@ -116,9 +116,10 @@ def check_phases(graph) -> None:
     ``per`` groups' columns make one K chunk of the waiting phase, whose groups are
     ``⌈total / per⌉`` chunks long and which reads the flush's output. Else a wait never returns,
     or returns before the chunk it guards is stored."""
+    from fusionc.ir.ops.tile_units import phases_of
     from fusionc.ir.registry import lookup
     body = list(graph.body)
-    phases = [o for o in body if lookup(o.name).has("units")]
+    phases = phases_of(graph)
     at = [i for i, o in enumerate(body) if lookup(o.name).has("units")]
     if at and at != list(range(at[0], at[0] + len(at))):
         between = body[next(i for i in range(at[0], at[-1]) if i not in at)]

@@ -187,6 +187,13 @@ def units_op(kernel):
     return next((op for op in kernel.body if lookup(op.name).has("units")), None)
 
 
+def phases_of(kernel) -> list:
+    """The kernel's ``units`` regions (its phases), in order; the simulator, the passes, the
+    verifier, the cost model and codegen all ask this."""
+    from fusionc.ir.registry import lookup
+    return [op for op in kernel.body if lookup(op.name).has("units")]
+
+
 def in_producer(op) -> bool:
     """Whether ``op`` runs in a streamed kernel's producer warp (the ``producer`` trait, or
     ``warp = producer`` on counter ops and fences); the simulator and codegen both ask this."""
