@@ -3,13 +3,14 @@ fusionc vs PyTorch eager and torch.compile, each in a CUDA graph, vs the HBM flo
 x in + y out at the copy bandwidth measured in the same run):
 
     python3 benchmarks/mlp_block.py [--quick] [--lowering v1|v2] [--compare-v1 |
-        --compare-unchained | --compare-chained] [--shard i/n]
+        --compare-unchained | --compare-chained | --compare-library] [--shard i/n]
         [--models NAME,...] [--batch 1,4,16] [--dtype f16|bf16]
 
 Shapes: eight open models, hidden 2048–8192 (some intermediates no multiple of 1024); batch 1,
 2, 4, 8, 16, 32, 64, 128, 256 by default. ``--compare-v1`` adds the v1 lowering as ``alt_us``,
 ``--compare-unchained`` / ``--compare-chained`` v2 with one kernel per linear or the MLP in one
-persistent kernel (``v2_pipeline(chain=...)``; the default picks by the batch).
+persistent kernel (``v2_pipeline(chain=...)``; the default picks by the batch),
+``--compare-library`` fusionc's library path (cuBLAS GEMMs, CuPy elementwise kernels).
 torch.compile runs in its default mode (``--max-autotune``: max-autotune-no-cudagraphs). The
 table goes to stdout, a CSV to ``$OUT/mlp_block[-shard{i}of{n}].csv`` when ``$OUT`` is set.
 """
@@ -66,6 +67,9 @@ def fusionc_mlp(m, batch, codegen=None, lowering=None):
     if lowering in ("v2-unchained", "v2-chained"):   # one persistent kernel against two
         from fusionc.passes.stream import v2_pipeline
         lowering, pipeline = "v2", v2_pipeline(batch, chain=lowering == "v2-chained")
+    elif lowering == "library":   # fusionc's library path (cuBLAS GEMMs, CuPy kernels)
+        from fusionc.runtime.compiled import library_pipeline
+        lowering, pipeline = "v2", library_pipeline(mod.graphs[0])
     try:
         return fusionc.compile(mod, max_batch=batch, autotune=TUNE, codegen=codegen,
                                lowering=lowering, pipeline=pipeline)
@@ -123,6 +127,8 @@ def variants(args):
     alt = (args.alt, LOWERING) if args.alt else ((None, "v1") if args.compare_v1 else None)
     if args.compare_unchained or args.compare_chained:
         alt = (None, "v2-unchained" if args.compare_unchained else "v2-chained")
+    if args.compare_library:
+        alt = (None, "library")
     return main, alt
 
 
@@ -142,6 +148,8 @@ def extra_args(ap):
                     help="v2 with one kernel per linear as the alt_us column")
     ap.add_argument("--compare-chained", action="store_true",
                     help="v2 with the MLP in one persistent kernel as the alt_us column")
+    ap.add_argument("--compare-library", action="store_true",
+                    help="fusionc's library path (cuBLAS GEMMs) as the alt_us column")
     ap.add_argument("--shard", type=shard_spec, default=None, metavar="i/n")
     ap.add_argument("--models", default=None, help="comma-separated names of MODELS")
     ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
@@ -166,7 +174,12 @@ def main():
     for name, b in points(args):
         fn = None if args.no_fusionc else fusionc_mlp(MODELS[name], b, opts, low)
         alt = None if args.no_fusionc or alt_v is None else fusionc_mlp(MODELS[name], b, *alt_v)
-        rows.append(run_point(name, MODELS[name], b, bw, fn, alt))
+        try:
+            rows.append(run_point(name, MODELS[name], b, bw, fn, alt))
+        except Exception as e:   # noqa: BLE001  (one failed point must not lose the others)
+            print(f"{name} batch {b}: the point failed: {type(e).__name__}: {e}", flush=True)
+            rows.append(dict(model=name, batch=b, err=f"FAILED {type(e).__name__}"))
+            torch.cuda.synchronize()
         print(rows[-1], flush=True)
     cols = ["model", "batch", "fusionc_us", "eager_us", "compile_us", "floor_us", "eff_%",
             "vs_compile", "vs_eager", "err"] + (["alt_us", "alt_err"] if alt_v else [])

@@ -141,10 +141,10 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
     path = "plain" if not on_ring else (
         "mma" if dt in (DType.f16, DType.bf16) else "fma")   # mma from 1 row (n-tile of 8)
     from fusionc.lower.linear_v2 import max_rows
-    if mb > max_rows(dt):
+    top = min(max_rows(dt, ph.gemv.attr("k")) for ph in phases)
+    if mb > top:
         raise CompileError(f"max_batch {mb} in a streamed linear of {dt.value}", op=g.name,
-                           loc=g.loc, valid=f"max_batch <= {max_rows(dt)} (batch rows in "
-                                            "registers)")
+                           loc=g.loc, valid=f"max_batch <= {top} (batch rows in registers)")
     if ring is not None and check:
         for ph in phases:
             _check_protocol(ph.units, ring)

@@ -129,8 +129,8 @@ def _lower(g, args, out: pathlib.Path):
     write_file(out / f"{g.name}.0-input.fir", print_module(Module((g,))))
     max_batch = args.max_batch or DEFAULT_MAX_BATCH
     if getattr(args, "lowering", "v1") == "v2":
-        from fusionc.passes.stream import v2_pipeline
-        default = v2_pipeline(max_batch)
+        from fusionc.runtime.compiled import v2_default_pipeline
+        default = v2_default_pipeline(g, max_batch)
     else:
         default = pipeline_for(g, max_batch, args.cluster, args.scheme)
     return run_pipeline(Module((g,)), args.passes or default, on_stage=dump)

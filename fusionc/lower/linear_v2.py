@@ -18,20 +18,31 @@ from fusionc.errors import LoweringError
 from fusionc.ir.nodes import Graph, Op, Value
 from fusionc.ir.types import FLOAT_DTYPES, TensorType, DType
 from fusionc.lower.builder import KernelBuilder
+from fusionc.stream.ring import tma_rows
 
 ROWS = 64            # weight rows per tile (the tensor-core path's 4 strips of 16)
 ROW_CHUNK_BYTES = 256  # K chunk per tile row: 16 lanes x 16 bytes
-# Batch rows held in registers (issue 21 takes it to 256). 64 rows of f16 (8 mma n-tiles)
-# compile without spills (146 registers, 159 KB of shared memory for the Llama-3-8B MLP) and
-# simulate like the interpreter, but have not run on a GPU yet: 16 until they have.
-MAX_BATCH = 16
-MAX_BATCH_F32 = 16   # the FMA path (f32) holds 4 x max_batch accumulators per thread
+# Batch rows held in registers per path (issue 21 takes them to 256). The tensor-core path
+# holds 4 floats per 8 batch rows (an mma n-tile) per thread: 64 rows compile without spills
+# (146-164 registers, 159 KB of shared memory for the Llama-3-8B MLP). The FMA paths (f32, and
+# rows TMA cannot copy) hold 4 floats per batch row: 32 rows spill.
+MAX_BATCH_MMA = 64
+MAX_BATCH_FMA = 16
 
 
-def max_rows(dtype: DType) -> int:
-    """The largest batch bucket of a v2 linear of ``dtype`` (tensor cores for 16-bit types,
-    FMA for f32); the lowering and the code generator both ask this."""
-    return MAX_BATCH_F32 if dtype.itemsize == 4 else MAX_BATCH
+def max_rows(dtype: DType, k) -> int:
+    """The largest batch bucket of a v2 linear of ``dtype`` over ``K = k`` columns: tensor
+    cores for 16-bit types whose rows TMA copies, FMA otherwise. The lowering, the code
+    generator and :func:`fused_rows` all ask this."""
+    return MAX_BATCH_MMA if dtype.itemsize == 2 and tma_rows(k, 2) else MAX_BATCH_FMA
+
+
+def fused_rows(g: Graph) -> int | None:
+    """The largest batch bucket every linear of graph ``g`` takes on lowering v2 (None: no
+    linear); above it ``fusionc.compile`` takes the library path."""
+    tops = [max_rows(op.operands[0].type.dtype, op.operands[1].type.shape[1])
+            for op in g.body if op.name == "linear"]
+    return min(tops) if tops else None
 
 
 def tile_cols(dtype: DType) -> int:
@@ -49,13 +60,14 @@ def check_linear(op: Op, max_batch: int) -> None:
     if not w.is_static or x.dtype not in FLOAT_DTYPES:
         raise LoweringError(f"weight {w}", op=op.name, loc=op.loc,
                             valid="a static [N, K] weight of f16, bf16 or f32")
-    top = max_rows(x.dtype)
+    top = max_rows(x.dtype, w.shape[1])
     if isinstance(x.shape[0], int) and x.shape[0] > top or max_batch > top:
+        path = "tensor-core" if top == MAX_BATCH_MMA else "FMA"
         raise LoweringError(f"{max(max_batch, x.shape[0] if isinstance(x.shape[0], int) else 0)}"
                             f" rows of {x.dtype.value}", op=op.name, loc=op.loc,
-                            valid=f"at most {top} rows per call on lowering v2 so far "
-                                  f"(max_batch <= {top} for {x.dtype.value}), or "
-                                  "lowering='v1'")
+                            valid=f"at most {top} rows per fused kernel on the {path} path "
+                                  f"(max_batch <= {top}); fusionc.compile takes the library "
+                                  "path above it when the pipeline is its default")
 
 
 def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
@@ -178,4 +190,5 @@ class _units:
         return False
 
 
-__all__ = ["lower_linear", "lower_chain", "check_linear", "tile_cols", "Value"]
+__all__ = ["lower_linear", "lower_chain", "check_linear", "tile_cols", "max_rows", "fused_rows",
+           "Value"]

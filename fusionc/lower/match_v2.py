@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from fusionc.ir.nodes import Graph, Op, Value, users
 from fusionc.ir.types import FLOAT_DTYPES
+from fusionc.stream.ring import tma_rows
 
 
 @dataclass
@@ -153,7 +154,7 @@ def chains(g: Graph, kernels: list[LinearKernel]) -> list[list[LinearKernel]]:
 def _chains(a: LinearKernel, b: LinearKernel, use: dict, outputs: set) -> bool:
     x = b.linear.operands[0]
     wa, wb = a.linear.operands[1].type, b.linear.operands[1].type
-    ring = all(w.is_static and w.shape[1] * w.dtype.itemsize % 16 == 0 for w in (wa, wb))
+    ring = all(w.is_static and tma_rows(w.shape[1], w.dtype.itemsize) for w in (wa, wb))
     return (b.norm is None and x.name == a.out.name and x.name not in outputs and
             len(use.get(x.name, [])) == 1 and ring and wa.dtype == wb.dtype == x.type.dtype)
 

@@ -1,9 +1,9 @@
 """Pass ``lower-library``: linear layers over many tokens become library calls —
 ``linear(x, w)`` → ``library_call(x, w) {fn = cublas_gemm}`` (one cuBLAS GEMM through CuPy,
-fp32 accumulation). fusionc's fused cluster kernels are for decode (a few tokens); for prefill
+fp32 accumulation, a bias added by the GEMM). fusionc's fused cluster kernels are for decode (a few tokens); for prefill
 and large batches a GEMM-class library is faster. The rest of such a graph (RMSNorm,
 SiLU·mul, adds, splits) runs as CuPy elementwise kernels and the collectives as fusionc's
-all-reduce kernels (:mod:`fusionc.runtime.host_ops`). A linear with a bias is left alone.
+all-reduce kernels (:mod:`fusionc.runtime.host_ops`).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ class LowerLibrary(Pass):
                             for g in module.graphs))
 
     def rewrite(self, g: Graph) -> Graph:
-        """``g`` with every bias-free linear as a cuBLAS library call."""
+        """``g`` with every linear as a cuBLAS library call."""
         attrs = lookup("library_call").make_attrs({"fn": "cublas_gemm"})
         return g.replace(body=tuple(
             Op("library_call", op.results, op.operands, attrs, loc=op.loc)
-            if op.name == "linear" and len(op.operands) == 2 else op for op in g.body))
+            if op.name == "linear" else op for op in g.body))

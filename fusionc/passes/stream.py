@@ -35,7 +35,7 @@ from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.types import TensorType
 from fusionc.passes.base import Pass, register_pass
-from fusionc.stream.ring import pad_rows
+from fusionc.stream.ring import pad_rows, tma_rows
 
 PRODUCER_THREADS = 288   # 8 consumer warps + the producer warp (fusionc.codegen.streamed)
 V2_PIPELINE = "partition-units{{max_batch={mb}}},stream-plan,insert-barriers,smem-plan"
@@ -175,8 +175,8 @@ class StreamPlan(Pass):
         if any(op.name == "ring_issue" for u in phases for op in u.regions[0]):
             return k
         gemvs = [next(op for op in u.regions[0] if op.name == "acc_gemv") for u in phases]
-        if any((g.operands[2].type.shape[1] * g.operands[2].type.dtype.itemsize) % 16
-               for g in gemvs):   # the plain-load path (lowering chains ring kernels only)
+        if not all(tma_rows(g.operands[2].type.shape[1], g.operands[2].type.dtype.itemsize)
+                   for g in gemvs):   # the plain-load path (lowering chains ring kernels only)
             return k
         g0 = gemvs[0]
         dt, rows, cols = g0.operands[2].type.dtype, g0.attr("rows"), g0.attr("cols")

@@ -51,8 +51,9 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
         side_ctas: CTAs of the side stream's all-reduce (beside the GEMMs; 32 measured better
             than 16).
         lowering: ``"v1"`` (cluster kernels per block, the default) or ``"v2"`` (design v2:
-            streamed persistent kernels over every SM; linear layers so far, with an optional
-            bias: the pipeline ``fusionc.passes.stream.v2_pipeline(max_batch)``).
+            streamed persistent kernels over every SM; graphs of linear layers and the norm and
+            elementwise ops around them, up to the batch bucket the fused kernels take, the
+            library path above it: :func:`v2_default_pipeline`).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
@@ -73,8 +74,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     name = _pick(module, graph)
     check_fp32_attrs(module[name])
     if lowering == "v2" and pipeline is None:
-        from fusionc.passes.stream import v2_pipeline
-        pipeline = v2_pipeline(max_batch)
+        pipeline = v2_default_pipeline(module[name], max_batch, min_split_tokens)
     if pipeline is None and codegen is None and cluster == 0 and scheme == "auto" and \
             not _prefill(module[name], max_batch):   # tuning is for the decode kernels
 
@@ -108,11 +108,30 @@ def pipeline_for(g: Graph, max_batch: int, cluster: int = 0, scheme: str = "auto
     decode-kernel pipeline (:func:`fusionc.passes.pipeline.default_pipeline`)."""
     from fusionc.passes.pipeline import default_pipeline
     if _prefill(g, max_batch):
-        parts = split_tokens if split_tokens is not None else (
-            2 if _has_collectives(g) else 1)
-        return (f"fuse-allreduce-norm,split-tokens{{parts={parts},"
-                f"min_tokens={min_split_tokens}}},lower-library")
+        return library_pipeline(g, split_tokens, min_split_tokens)
     return default_pipeline(cluster, scheme, max_batch, kv_len)
+
+
+def library_pipeline(g: Graph, split_tokens: int | None = None,
+                     min_split_tokens: int = 4096) -> str:
+    """The library path: linears as cuBLAS GEMMs (``lower-library``), the rest as CuPy
+    kernels; with collectives, the tokens cut into ``split_tokens`` blocks (default 2)."""
+    parts = split_tokens if split_tokens is not None else (2 if _has_collectives(g) else 1)
+    return (f"fuse-allreduce-norm,split-tokens{{parts={parts},"
+            f"min_tokens={min_split_tokens}}},lower-library")
+
+
+def v2_default_pipeline(g: Graph, max_batch: int, min_split_tokens: int = 4096) -> str:
+    """``lowering = v2``'s pipeline for ``g``: fused streamed kernels
+    (:func:`fusionc.passes.stream.v2_pipeline`) up to the batch bucket every linear takes
+    (:func:`fusionc.lower.linear_v2.fused_rows`: 64 rows on tensor cores, 16 on the FMA
+    paths), the library path above it."""
+    from fusionc.lower.linear_v2 import fused_rows
+    from fusionc.passes.stream import v2_pipeline
+    top = fused_rows(g)
+    if top is not None and max_batch > top:
+        return library_pipeline(g, None, min_split_tokens)
+    return v2_pipeline(max_batch)
 
 
 PREFILL_TOKENS = 256

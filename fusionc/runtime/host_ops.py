@@ -1,5 +1,6 @@
 """The ops of a lowered host graph that are not fusionc kernel launches, on the GPU: library
-calls (cuBLAS GEMMs), row-wise graph ops as CuPy kernels (RMSNorm, SiLU·mul, add, feature
+calls (cuBLAS GEMMs, with a bias), row-wise graph ops as CuPy kernels (RMSNorm, SiLU, SiLU·mul,
+add, mul, cast, feature
 splits as views), the token blocks of ``split-tokens`` (views; each block's result written in
 place into its rows of the joined buffer), and the collectives (:mod:`.comm_ops`).
 
@@ -17,7 +18,9 @@ import numpy as np
 
 from fusionc.errors import InputError
 from fusionc.ir.ops.tokens import HOST_ROWWISE, SPLIT_ATTRS, part_symbol, split_sizes
-from fusionc.runtime import library
+from fusionc.ir.nodes import Value
+from fusionc.ir.types import DType, TensorType
+from fusionc.runtime import arrays, library
 from fusionc.runtime.comm_ops import COMM_OPS
 
 HOST_OPS = HOST_ROWWISE | frozenset({"token_split", "token_concat"})
@@ -90,7 +93,8 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
                 views[r.name] = local[r.name]
             return
         outs = [alloc(r) for r in op.results]
-        _compute(op, [views[v.name] for v in op.operands], outs[0][1], streams)
+        _compute(op, [views[v.name] for v in op.operands], outs[0][1], streams,
+                 lambda v: arrays.empty_like_inputs(v, env, torch_mode))
         for r, (obj, view) in zip(op.results, outs):
             objs[r.name], views[r.name] = obj, view
 
@@ -115,16 +119,26 @@ def bind_blocks(env: dict, sym: str, sizes: list[int], op) -> None:
                              valid=f"no input typed with {sym}.<i> (token_split names them)")
 
 
-def _compute(op, args: list, out, streams: Streams) -> None:
+def _compute(op, args: list, out, streams: Streams, temp) -> None:
+    """Run a row-wise host op into ``out``; ``temp(value)``: ``(buffer, view)`` of a scratch
+    buffer from the caller's allocator (PyTorch's under torch tensors: capturable)."""
     dt = op.results[0].type.dtype.value
     if op.name == "library_call":
-        library.gemm(args[0], args[1], out, dt)
+        library.gemm(args[0], args[1], out, dt, *args[2:])
     elif op.name == "rms_norm":
-        streams.keep.append(library.rms_norm(args[0], args[1], op.attr("eps"), out, dt))
+        buf, ss = temp(Value("ss", TensorType(DType.f32, (args[0].shape[0], 1))))
+        streams.keep.append(buf)
+        library.rms_norm(args[0], args[1], op.attr("eps"), out, dt, ss)
     elif op.name == "silu_mul":
         library.silu_mul(args[0], args[1], out, dt)
     elif op.name == "add":
         library.add(args[0], args[1], out, dt)
+    elif op.name == "mul":
+        library.mul(args[0], args[1], out, dt)
+    elif op.name == "silu":
+        library.silu(args[0], out, dt)
+    elif op.name == "cast":
+        library.cast(args[0], out, op.operands[0].type.dtype.value, dt)
 
 
 def _concat(cg, op, views, objs, env, torch_mode, outputs, streams) -> None:

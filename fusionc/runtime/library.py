@@ -32,6 +32,7 @@ __device__ __forceinline__ void fc_store(float v, float &o) { o = v; }
 CUDA_R = {"f16": 2, "bf16": 14, "f32": 0}  # cudaDataType: CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F
 _GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
 _ONE_ZERO = np.array([1.0, 0.0], np.float32)  # alpha, beta (host pointer mode)
+_ONE_ONE = np.array([1.0, 1.0], np.float32)    # alpha, beta: out = x · wᵀ + out (the bias)
 
 
 @functools.cache
@@ -55,12 +56,17 @@ def _binary(dtype: str, name: str, expr: str):
                                   f"fc_store({expr}, y)", f"fc_{name}", preamble=PREAMBLE[dtype])
 
 
-def rms_norm(x, w, eps: float, out, dtype: str):
-    """``out = rms_norm(x) · w`` over the last axis (x ``[T, D]``, w ``[D]``); returns the
-    temporary sums of squares ``[T, 1]`` (keep it alive while a captured graph uses it)."""
+def rms_norm(x, w, eps: float, out, dtype: str, ss=None):
+    """``out = rms_norm(x) · w`` over the last axis (x ``[T, D]``, w ``[D]``); ``ss``: the
+    fp32 ``[T, 1]`` buffer of the sums of squares (default: allocated here, which a CUDA graph
+    capture refuses; give one from a capture-aware allocator). Returns ``ss`` (keep it alive
+    while a captured graph uses it)."""
     import cupy
     sumsq, scale = norm_kernels(dtype)
-    ss = sumsq(x, axis=1, keepdims=True) if x.shape[0] else cupy.empty((0, 1), cupy.float32)
+    if ss is None:
+        ss = cupy.empty((x.shape[0], 1), cupy.float32)
+    if x.shape[0]:
+        sumsq(x, axis=1, keepdims=True, out=ss)
     scale(x, w[None, :], ss, np.float32(x.shape[1]), np.float32(eps), out)
     return ss
 
@@ -73,6 +79,30 @@ def silu_mul(gate, up, out, dtype: str) -> None:
 def add(a, b, out, dtype: str) -> None:
     """``out = a + b`` rounded once."""
     _binary(dtype, "add", "u + v")(a, b, out)
+
+
+def mul(a, b, out, dtype: str) -> None:
+    """``out = a · b`` rounded once."""
+    _binary(dtype, "mul", "u * v")(a, b, out)
+
+
+@functools.cache
+def _unary(src: str, dst: str, name: str, expr: str):
+    import cupy
+    pre = PREAMBLE[src] + (PREAMBLE[dst] if dst != src else "")
+    return cupy.ElementwiseKernel("T a", "Y y", f"float u = fc_f32(a); fc_store({expr}, y)",
+                                  f"fc_{name}_{src}_{dst}", preamble=pre)
+
+
+def silu(x, out, dtype: str) -> None:
+    """``out = x · sigmoid(x)`` (SiLU, Hendrycks & Gimpel 2016), fp32 math, one rounding."""
+    _unary(dtype, dtype, "silu", "u / (1.0f + expf(-u))")(x, out)
+
+
+def cast(x, out, src: str, dst: str) -> None:
+    """``out = x`` converted from dtype ``src`` to ``dst`` (through fp32: exact for every
+    16-bit value; round to nearest even into a 16-bit ``dst``)."""
+    _unary(src, dst, "cast", "u")(x, out)
 
 
 _HANDLES: dict = {}
@@ -127,11 +157,12 @@ def handle_for(device: int, stream: int):
     return h
 
 
-def gemm(x, w, out, dtype: str) -> None:
-    """``out [T, N] = x [T, K] · w [N, K]ᵀ`` with cublasGemmEx: 16-bit (or fp32) inputs and
-    output, fp32 compute (CUBLAS_COMPUTE_32F), on the current stream; capturable in a CUDA
-    graph once the stream has run one call. ``x`` may be a row-strided view (rows
-    contiguous)."""
+def gemm(x, w, out, dtype: str, bias=None) -> None:
+    """``out [T, N] = x [T, K] · w [N, K]ᵀ (+ bias [N])`` with cublasGemmEx: 16-bit (or fp32)
+    inputs and output, fp32 compute (CUBLAS_COMPUTE_32F), on the current stream; capturable in
+    a CUDA graph once the stream has run one call. ``x`` may be a row-strided view (rows
+    contiguous). The bias is broadcast into ``out`` first and added by the GEMM (beta = 1):
+    fp32 sums, one rounding, as the interpreter's ``linear``."""
     import cupy
     T, K = x.shape
     N = w.shape[0]
@@ -143,7 +174,9 @@ def gemm(x, w, out, dtype: str) -> None:
             raise InputError(f"{name} has strides {m.strides}", op="library_call",
                              valid="rows of contiguous elements")
     handle = _handle(cupy.cuda.get_current_stream())
-    t, a = CUDA_R[dtype], _ONE_ZERO.ctypes.data
+    t, a = CUDA_R[dtype], (_ONE_ZERO if bias is None else _ONE_ONE).ctypes.data
+    if bias is not None:
+        out[...] = bias[None, :]
     ld = [m.strides[0] // m.itemsize for m in (w, x, out)]
     # column-major: out^T [N, T] = w [N, K] · x^T [K, T]; CUBLAS_OP_T = 1, CUBLAS_OP_N = 0,
     # CUBLAS_COMPUTE_32F = 68 (host pointer mode, the default, for alpha and beta)

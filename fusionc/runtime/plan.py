@@ -56,7 +56,9 @@ def _planned_run(cg, env, torch_mode, device):
     """The fast ``run(cg, args, ptrs)`` of a host graph of kernel launches and GEMMs
     (``library_call``) only; None for other graphs."""
     host = cg.host
-    if any(op.name not in ("launch", "library_call") for op in host.body):
+    if any(op.name not in ("launch", "library_call") or
+           op.name == "library_call" and len(op.operands) > 2
+           for op in host.body):   # a GEMM with a bias takes the checked path
         return None
     index = {p.name: i for i, p in enumerate(host.params)}
     allocs, steps = [], []

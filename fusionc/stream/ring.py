@@ -25,6 +25,14 @@ BARRIER_BYTES = 8          # one mbarrier (b64)
 ROW_BYTES = 256            # one tile row: a K chunk of 256 bytes, two swizzled 128-byte boxes
 BOX_ROW_BYTES = 128        # the 128-byte swizzle's row (CU_TENSOR_MAP_SWIZZLE_128B)
 BOX_ALIGN = 1024           # boxes start at multiples of the swizzle period
+TMA_STRIDE_ALIGN = 16      # a tensor map's global strides are multiples of 16 bytes
+
+
+def tma_rows(cols, itemsize: int) -> bool:
+    """Whether TMA can copy rows of ``cols`` elements of ``itemsize`` bytes (a static row whose
+    bytes are a multiple of 16: CUDA driver API, cuTensorMapEncodeTiled); else the plain-load
+    path."""
+    return isinstance(cols, int) and (cols * itemsize) % TMA_STRIDE_ALIGN == 0
 
 
 def stage_of(j: int, stages: int) -> int:

@@ -29,10 +29,10 @@ def test_shapes():
 
 def test_points_order_and_counts():
     pts = gemv.points()
-    assert len(pts) == 12 * 2 * 5
+    assert len(pts) == 12 * 2 * 9
     assert pts[0] == dict(n=4096, k=4096, dtype="fp16", batch=1)
-    assert pts[5] == dict(n=4096, k=4096, dtype="bf16", batch=1)
-    assert pts[10]["n"] == 6144 and pts[-1] == dict(n=3072, k=8192, dtype="bf16", batch=16)
+    assert pts[9] == dict(n=4096, k=4096, dtype="bf16", batch=1)
+    assert pts[18]["n"] == 6144 and pts[-1] == dict(n=3072, k=8192, dtype="bf16", batch=256)
     quick = gemv.points(quick=True)
     assert len(quick) == 12 and {p["dtype"] for p in quick} == {"fp16"}
     assert gemv.points(quick=True, dtypes=("bf16",))[0]["dtype"] == "bf16"
@@ -80,6 +80,7 @@ def test_floor_and_target():
     assert gemv.floor_us(4096, 4096, 256, bw) == pytest.approx(flops / 790e12 * 1e6)
     assert gemv.floor_us(4096, 4096, 256, bw) > gemv.floor_bytes(4096, 4096, 256) / bw * 1e6
     assert gemv.target_us(9.5) == pytest.approx(12.0)
+    assert gemv.target_us(9.0, batch=32) == pytest.approx(12.0)   # floor / 0.9 + 2 from 32 rows
 
 
 def test_weight_sets_exceed_three_l2():
@@ -186,15 +187,15 @@ def test_compile_point_installed_default(tmp_path, monkeypatch):
 def test_dry_run_writes_csv(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OUT", str(tmp_path))
     rows = gemv.run(args("--no-torch", "--no-fusionc", "--shard", "2/3"))
-    assert len(rows) == 40
+    assert len(rows) == 72
     out = tmp_path / "gemv-shard2of3.csv"
     with open(out) as f:
         got = list(csv.DictReader(f))
-    assert len(got) == 40 and list(got[0]) == gemv.CSV_COLS
+    assert len(got) == 72 and list(got[0]) == gemv.CSV_COLS
     assert got[0]["shape"] == "4096x4096" and got[0]["batch"] == "4"
     assert float(got[0]["bw_TBps"]) == pytest.approx(4.1)
     text = capsys.readouterr().out
-    assert text.rstrip().splitlines()[-42].startswith("| shape | dtype | batch |")
+    assert text.rstrip().splitlines()[-74].startswith("| shape | dtype | batch |")
     path = tmp_path / "x" / "g.csv"
     assert len(gemv.run(args("--dry-run", "--no-fusionc", "--quick", "--csv", str(path)))) == 12
     assert len(path.read_text().splitlines()) == 13

@@ -36,3 +36,23 @@ def bit_equal(a: np.ndarray, b: np.ndarray, dt: DType) -> bool:
 def rel(out, ref) -> float:
     """Norm-wise relative error (float64)."""
     return relative_error(out, ref)
+
+
+def torch_capture(fn, tensors: dict, poison: bool = False):
+    """Call ``fn(**tensors)`` twice eagerly on a side stream, then once inside a
+    ``torch.cuda.graph`` capture; replay the graph (its output NaN-filled first when
+    ``poison``) and return ``(eager result, captured result)`` of the first output."""
+    import torch
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        (eager,) = fn(**tensors)
+        fn(**tensors)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        (captured,) = fn(**tensors)
+    if poison:
+        captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return eager, captured

@@ -6,7 +6,7 @@ import pytest
 
 from fusionc.errors import InputError
 from tests.gpu import compiled_cases as cc
-from tests.gpu.common import record
+from tests.gpu.common import record, torch_capture
 from tests.passes.graphs import inputs as random_inputs
 
 pytestmark = pytest.mark.gpu
@@ -102,14 +102,5 @@ def test_planned_call_captured_in_a_cuda_graph():
     host = random_inputs(g, 2, [1, 1], np.random.default_rng(3))
     t = {k: torch.tensor(v).to(torch.float16 if v.dtype.kind == "f" else torch.int32).cuda()
          for k, v in host.items()}
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        (eager,) = fn(**t)
-        fn(**t)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        (captured,) = fn(**t)   # planned
-    graph.replay()
-    torch.cuda.synchronize()
+    eager, captured = torch_capture(fn, t)   # the captured call is planned
     assert torch.equal(captured, eager) and len(fn._captured) == 1

@@ -3,7 +3,8 @@ each against the float64 interpreter on fresh random inputs, outputs poisoned fi
 MLP block (RMSNorm prologue, paired gate/up tiles with the SwiGLU epilogue, the residual
 epilogue) at batch 1–16 in f16 and bf16, an intermediate size that is no multiple of 1024, the
 plain-load path (rows TMA cannot copy), separate gate/up weights (silu and mul epilogues), a
-bias + cast chain, and 200 CUDA-graph replays of the MLP. Chained linears (the MLP's gate/up
+bias + cast chain, batch 17–64 on tensor cores, the library path above the fused kernels' batch
+bucket (batch 32–256), and 200 CUDA-graph replays of the MLP. Chained linears (the MLP's gate/up
 then down, ``@chain``) run as the phases of one persistent kernel wherever every row can be
 copied by TMA, also on grids of 1 and 5 CTAs."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
@@ -16,7 +17,7 @@ import fusionc as fc
 from fusionc.interp import interpret
 from fusionc.interp.numerics import round_to
 from fusionc.ir import DType
-from tests.gpu.common import record, rel
+from tests.gpu.common import record, rel, torch_capture
 
 pytestmark = pytest.mark.gpu
 EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "graphs_v2.py"
@@ -26,7 +27,16 @@ CASES = [("mlp", 4096, 11008, "f16", 1, 1), ("mlp", 4096, 14336, "bf16", 3, 4),
          ("mlp", 4096, 14336, "bf16", 16, 16), ("mlp", 2048, 5504, "f16", 8, 8),
          ("mlp", 1003, 500, "f16", 3, 4), ("mlp", 512, 1000, "f32", 2, 2),
          ("swiglu", 4096, 11008, "bf16", 4, 4), ("norm_silu", 3072, 8192, "f16", 2, 2),
-         ("mlp_shard", 4096, 7168, "bf16", 5, 8), ("chain", 2048, 1000, "f16", 3, 4)]
+         ("mlp_shard", 4096, 7168, "bf16", 5, 8), ("chain", 2048, 1000, "f16", 3, 4),
+         ("mlp", 2048, 5504, "f16", 17, 32), ("mlp", 4096, 14336, "bf16", 33, 64),
+         ("mlp", 4096, 11008, "f16", 64, 64), ("swiglu", 3072, 8200, "bf16", 48, 64),
+         ("chain", 2048, 1000, "f16", 64, 64)]
+# above the fused kernels' batch bucket (fused_rows: 64 rows on tensor cores, 16 on the FMA
+# paths) fusionc.compile takes the library path (cuBLAS GEMMs, CuPy elementwise kernels)
+LIB_CASES = [("mlp", 4096, 11008, "f16", 100, 100), ("mlp", 4096, 14336, "bf16", 255, 255),
+             ("mlp", 4096, 14336, "f16", 256, 256), ("swiglu", 4096, 11008, "bf16", 128, 128),
+             ("chain", 2048, 1000, "f16", 65, 65), ("mlp", 1003, 500, "f16", 32, 32),
+             ("mlp_shard", 4096, 7168, "bf16", 200, 200), ("norm_silu", 3072, 8192, "f32", 17, 17)]
 
 
 def _module(case):
@@ -47,6 +57,13 @@ def precompile():
     for case in CASES:
         for chain in (True, False):
             compiled(case, chain)
+    for case in LIB_CASES:
+        compiled_default(case)
+
+
+def compiled_default(case):
+    """The case on lowering v2 with its default pipeline."""
+    return fc.compile(_module(case), case[0], max_batch=case[5], lowering="v2")
 
 
 def _inputs(g, case, rng):
@@ -94,6 +111,22 @@ def test_graph_v2_against_float64(case, chain):
     assert np.isfinite(out).all() and err <= (1e-4 if case[3] == "f32" else 1e-2)
     assert len(loaded) == _kernels(case, chain)
     assert all(lk.errors() == 0 and int(lk.counters.sum()) == 0 for lk in loaded)
+
+
+@pytest.mark.parametrize("case", LIB_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_graph_v2_library_path_against_float64(case):
+    """Past the fused batch bucket: GEMMs (with the bias), RMSNorm, SiLU, SiLU·mul, mul, add and
+    cast as library calls, rounded per op like the interpreter."""
+    m = _module(case)
+    g = m[case[0]]
+    fn = compiled_default(case)
+    assert not fn.kernels and any(op.name == "library_call" for op in fn.host.body)
+    args = _inputs(g, case, np.random.default_rng())
+    ref, = interpret(m, args, graph=case[0], precise=True)
+    out, _, _ = _run(fn, g, args, case[3])
+    err = rel(out, ref)
+    record("graphs v2", "-".join(map(str, case)) + " library", f"{err:.1e}")
+    assert np.isfinite(out).all() and err <= (1e-4 if case[3] == "f32" else 1e-2)
 
 
 def _kernels(case, chain) -> int:
@@ -152,3 +185,20 @@ def test_mlp_v2_graph_replays():
     record("graphs v2", "mlp: 200 graph replays", f"{err:.1e}")
     assert err <= 1e-2
     assert all(lk.errors() == 0 and int(lk.counters.sum()) == 0 for lk in loaded)
+
+
+def test_library_path_captured_in_a_torch_cuda_graph():
+    """The library path (RMSNorm's sums of squares, GEMMs with a bias, elementwise kernels)
+    under torch.cuda.graph: every buffer from PyTorch's capture-aware allocator, replays equal
+    to the eager call."""
+    torch = pytest.importorskip("torch")
+    case = ("mlp", 4096, 11008, "bf16", 128, 128)
+    m = _module(case)
+    g = m["mlp"]
+    fn = compiled_default(case)
+    args = _inputs(g, case, np.random.default_rng(7))
+    t = {k: torch.tensor(v, dtype=torch.float32).to(torch.bfloat16).cuda()
+         for k, v in args.items()}
+    eager, captured = torch_capture(fn, t, poison=True)
+    record("graphs v2", "library path in a torch CUDA graph", "ok")
+    assert torch.equal(captured, eager)

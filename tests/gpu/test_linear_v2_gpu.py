@@ -23,7 +23,9 @@ CASES = [(4096, 4096, "f16", 1, 1, False), (4096, 4096, "bf16", 3, 4, True),
          (1000, 4104, "f16", 16, 16, False), (200, 520, "f32", 3, 4, True),
          (300, 1003, "f16", 5, 8, False), (4096, 11008, "f16", 2, 2, False),
          (6144, 4096, "bf16", 9, 16, True), (64, 64, "f16", 1, 1, False),
-         (2048, 4096, "bf16", 1, 1, True)]
+         (2048, 4096, "bf16", 1, 1, True), (1000, 4104, "f16", 40, 64, True),
+         (14336, 4096, "bf16", 64, 64, False), (4096, 11008, "f16", 25, 32, False),
+         (4096, 4096, "bf16", 128, 128, True), (300, 1003, "f16", 20, 20, True)]
 
 
 def compiled(case, pipeline=None):
@@ -74,9 +76,12 @@ def test_linear_v2_against_float64(case):
     args, ref = _inputs(case, np.random.default_rng())
     out, _, _ = _call(fn, case, args)
     err = rel(out, ref)
+    assert np.isfinite(out).all() and err <= _tol(case[2])
+    if not fn.kernels:   # past the fused batch bucket: a cuBLAS GEMM with the bias
+        record("linear v2", "x".join(map(str, case)), f"{err:.1e}, library path")
+        return
     lk = next(iter(fn._loaded.values()))
     record("linear v2", "x".join(map(str, case)), f"{err:.1e} on {lk.grid} CTAs")
-    assert np.isfinite(out).all() and err <= _tol(case[2])
     assert lk.errors() == 0
     assert int(lk.counters.sum()) == 0   # self-resetting
 

@@ -190,11 +190,12 @@ def test_bad_epilogues_are_named(extra, epi, msg):
 
 
 @pytest.mark.parametrize("hidden, inter, dtype, mb", [(4096, 1000, "bf16", 16),
+                                                      (4096, 1000, "f16", 64),
                                                       (512, 328, "f32", 4),
                                                       (1003, 500, "f16", 8),
                                                       (4096, 1000, "bf16", 1)])
 def test_each_path_with_a_norm_prologue_compiles(hidden, inter, dtype, mb):
-    """mma (16-bit, 1-16 rows), FMA (f32) and plain loads (rows TMA cannot copy), chained and
+    """mma (16-bit, 1-64 rows), FMA (f32) and plain loads (rows TMA cannot copy), chained and
     not, without spills."""
     from fusionc.codegen.compile import compile_kernel
     m = run_pipeline(Module((example("graphs_v2", hidden=hidden, inter=inter,
@@ -272,14 +273,39 @@ def test_the_epilogue_rounds_where_the_graph_rounds():
     assert np.isinf(ref).all() and np.array_equal(out, ref)
 
 
-@pytest.mark.parametrize("dtype, top", [("f16", 16), ("bf16", 16), ("f32", 16)])
-def test_the_batch_bucket_is_named_past_its_limit(dtype, top):
-    from fusionc.lower.linear_v2 import max_rows
-    assert max_rows(fc.ir.DType(dtype)) == top
-    g = example("graphs_v2", hidden=256, inter=200, dtype=dtype)
+@pytest.mark.parametrize("dtype, hidden, top", [("f16", 256, 64), ("bf16", 256, 64),
+                                                ("f32", 256, 16), ("f16", 1003, 16)])
+def test_the_batch_bucket_is_named_past_its_limit(dtype, hidden, top):
+    """Tensor cores hold 64 rows; the FMA paths (f32, rows TMA cannot copy: 1003 f16) 16."""
+    from fusionc.lower.linear_v2 import fused_rows, max_rows
+    assert max_rows(fc.ir.DType(dtype), hidden) == top
+    g = example("graphs_v2", hidden=hidden, inter=200, dtype=dtype)
+    assert fused_rows(g["mlp"]) == top
     run_pipeline(Module((g["mlp"],)), v2_pipeline(top))
-    with pytest.raises(LoweringError, match=f"at most {top} rows per call"):
+    with pytest.raises(LoweringError, match=f"at most {top} rows per fused kernel"):
         run_pipeline(Module((g["mlp"],)), v2_pipeline(top + 1))
+
+
+@pytest.mark.parametrize("graph, batch, mb, chain", [("mlp", 33, 64, True), ("mlp", 64, 64, False),
+                                                     ("chain", 17, 32, True)])
+def test_tensor_cores_take_up_to_64_rows_like_the_interpreter(graph, batch, mb, chain):
+    m = example("graphs_v2", hidden=256, inter=200, dtype="bf16")
+    g = Module((m[graph],))
+    args = inputs(m[graph], batch, [], np.random.default_rng(batch))
+    out, = simulate(run_pipeline(g, v2_pipeline(mb, chain=chain)), args)
+    ref, = interpret(g, args)
+    assert rel_err(out, ref) <= 1e-2
+
+
+def test_the_default_takes_the_library_path_past_the_fused_bucket():
+    """fusionc.compile(lowering = 'v2'): fused kernels up to fused_rows, GEMMs above."""
+    from fusionc.runtime.compiled import v2_default_pipeline
+    m = example("graphs_v2", hidden=256, inter=200, dtype="f16")
+    assert v2_default_pipeline(m["mlp"], 64).startswith("partition-units")
+    assert v2_default_pipeline(m["mlp"], 65).endswith("lower-library")
+    low = run_pipeline(Module((m["chain"],)), v2_default_pipeline(m["chain"], 100))
+    assert [op.name for op in low["chain"].body] == ["library_call", "library_call", "cast"]
+    assert len(low["chain"].body[0].operands) == 3   # the bias, added by the GEMM
 
 
 def test_the_cost_of_a_phased_kernel_counts_every_phase():
