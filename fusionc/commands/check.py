@@ -97,7 +97,8 @@ def lowering_notes(name: str, lowered) -> list[str]:
     kernels = sum(op.name == "launch" for op in host.body)
     fused = f"{kernels} fused kernel launch(es)" if kernels else "no fused kernel"
     return [f"@{name}: {len(calls)} library call(s) (cuBLAS GEMMs for the linear layers, pass "
-            "lower-library: many tokens, or no block the fused kernels cover), the other ops as "
+            "lower-library: many tokens, no block the fused kernels cover, or on lowering v2 "
+            "a batch past the fused kernels' bucket), the other ops as "
             f"CuPy kernels; {fused}"]
 
 

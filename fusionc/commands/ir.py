@@ -101,6 +101,17 @@ def parse_sizes(items: list[str]) -> dict:
     return out
 
 
+def _v2_default(module, args) -> str:
+    """``fusionc.compile``'s v2 pipeline for ``--graph`` (or for every graph, when they agree;
+    else the fused one): fused kernels up to their batch bucket, the library path above."""
+    from fusionc.passes.stream import v2_pipeline
+    from fusionc.runtime.compiled import v2_default_pipeline
+    names = [args.graph] if getattr(args, "graph", None) in module.names else \
+        [g.name for g in module.graphs if g.kind == "graph"]
+    found = {v2_default_pipeline(module[n], args.max_batch) for n in names}
+    return found.pop() if len(found) == 1 else v2_pipeline(args.max_batch)
+
+
 def run_passes(module, args):
     """Run ``--passes`` or the default pipeline up to ``--after``; print the cost table."""
     from fusionc.cost.model import cost_table
@@ -108,8 +119,7 @@ def run_passes(module, args):
     from fusionc.errors import PassError
     default = DEFAULT_PIPELINE
     if getattr(args, "lowering", "v1") == "v2":
-        from fusionc.passes.stream import v2_pipeline
-        default = v2_pipeline(args.max_batch)
+        default = _v2_default(module, args)
     passes = parse_pipeline(args.passes or default)
     if args.after:
         names = [p.name for p in passes]

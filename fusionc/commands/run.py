@@ -42,7 +42,8 @@ def setup(p):
                         "collectives, else 1)")
     p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
                    help="v1: cluster kernels per block (default); v2: streamed persistent "
-                        "kernels over every SM (linear layers so far)")
+                        "kernels over every SM (graphs of linear, norm and elementwise "
+                        "ops; the library path past 64 rows)")
     p.add_argument("--timeline", action="store_true",
                    help="profiling build: print each kernel's time per op (last launch; "
                         "fusionc.runtime.timeline); profiles the cost model's choice, not a "

@@ -66,8 +66,9 @@ def check_linear(op: Op, max_batch: int) -> None:
         raise LoweringError(f"{max(max_batch, x.shape[0] if isinstance(x.shape[0], int) else 0)}"
                             f" rows of {x.dtype.value}", op=op.name, loc=op.loc,
                             valid=f"at most {top} rows per fused kernel on the {path} path "
-                                  f"(max_batch <= {top}); fusionc.compile takes the library "
-                                  "path above it when the pipeline is its default")
+                                  f"(max_batch <= {top}); above it fusionc.compile's default "
+                                  "pipeline takes the library path (given a pipeline: "
+                                  "fusionc.runtime.compiled.library_pipeline(graph))")
 
 
 def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,

@@ -2,7 +2,8 @@
 Kwatra, Ramjee 2025, arXiv 2505.11329, §4).
 
 A tensor-parallel graph whose ops all work row by row on the tokens ``[B, ...]`` (linear and
-library calls, RMSNorm, SiLU·mul, adds, splits along features, the collectives) is cut into
+library calls with or without a bias, RMSNorm, SiLU, SiLU·mul, adds, muls, casts, splits along
+features, the collectives) is cut into
 ``parts`` row blocks by ``token_split`` (sizes: :func:`fusionc.ir.ops.tokens.split_sizes`,
 wave-aware, no split below ``min_tokens``). The ops are repeated per block, block after block;
 the collectives of every block but the last run on stream 1 (``stream = 1``), so block i's
@@ -127,15 +128,16 @@ def _block_type(t, sym: str, i: int):
 
 def _check_rowwise(op: Op, sym: str) -> None:
     rows = [v for v in op.operands + op.results if sym in v.type.shape]
-    bad = op.name not in ROWWISE or (op.name == "linear" and len(op.operands) == 3) or any(v.type.shape[0] != sym or sym in v.type.shape[1:]
+    bad = op.name not in ROWWISE or any(v.type.shape[0] != sym or sym in v.type.shape[1:]
                                         for v in rows)
     if op.name == "split" and op.attr("axis") % op.operands[0].type.rank == 0:
         bad = True
     if bad:
         raise PassError(f"'{op.name}' does not work row by row on the tokens {sym}",
                         op="split-tokens", loc=op.loc,
-                        valid="linear (no bias), RMSNorm, SiLU·mul, adds, feature splits and "
-                              "collectives (prefill-style graphs; attention is not split)")
+                        valid="linear (with or without a bias), RMSNorm, SiLU, SiLU·mul, adds, "
+                              "muls, casts, feature splits and collectives (prefill-style "
+                              "graphs; attention is not split)")
 
 
 def _n_tiles(g: Graph, tile_n: int) -> int:

@@ -9,7 +9,9 @@ NAME``:
     (:func:`fusionc.lower.match_v2.chains`) share one kernel, a ``units`` region (phase) each:
     each flush of a phase signals its K chunk of the next (``group_flush {signal, per}``), whose
     producer waits on it (``counter_wait {slot = step, reset = exit}``). Other ops are refused
-    by name (v2 lowers linear layers so far; attention blocks take ``lowering = v1``).
+    by name (v2 lowers linear layers and the norm and elementwise ops around them so far;
+    attention blocks take ``lowering = v1``). A batch bucket past the fused kernels' is refused
+    by name; ``fusionc.compile``'s default takes the library path there.
 ``stream-plan{stages}``
     Where TMA can copy the rows (row bytes a multiple of 16), the tiles come through a ring:
     ``ring_alloc``, ``ring_issue`` (the producer's copies), ``ring_stage`` views read by

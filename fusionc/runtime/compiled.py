@@ -74,7 +74,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     name = _pick(module, graph)
     check_fp32_attrs(module[name])
     if lowering == "v2" and pipeline is None:
-        pipeline = v2_default_pipeline(module[name], max_batch, min_split_tokens)
+        pipeline = v2_default_pipeline(module[name], max_batch, split_tokens, min_split_tokens)
     if pipeline is None and codegen is None and cluster == 0 and scheme == "auto" and \
             not _prefill(module[name], max_batch):   # tuning is for the decode kernels
 
@@ -121,16 +121,21 @@ def library_pipeline(g: Graph, split_tokens: int | None = None,
             f"min_tokens={min_split_tokens}}},lower-library")
 
 
-def v2_default_pipeline(g: Graph, max_batch: int, min_split_tokens: int = 4096) -> str:
+def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = None,
+                        min_split_tokens: int = 4096) -> str:
     """``lowering = v2``'s pipeline for ``g``: fused streamed kernels
     (:func:`fusionc.passes.stream.v2_pipeline`) up to the batch bucket every linear takes
     (:func:`fusionc.lower.linear_v2.fused_rows`: 64 rows on tensor cores, 16 on the FMA
-    paths), the library path above it."""
+    paths), the library path (:func:`library_pipeline`) above it or when ``split_tokens`` is
+    given. The rows are ``max_batch`` or a linear's static batch, whichever is larger."""
     from fusionc.lower.linear_v2 import fused_rows
     from fusionc.passes.stream import v2_pipeline
     top = fused_rows(g)
-    if top is not None and max_batch > top:
-        return library_pipeline(g, None, min_split_tokens)
+    rows = max([max_batch] + [op.operands[0].type.shape[0] for op in g.body
+                              if op.name == "linear" and
+                              isinstance(op.operands[0].type.shape[0], int)])
+    if top is not None and rows > top or split_tokens is not None:
+        return library_pipeline(g, split_tokens, min_split_tokens)
     return v2_pipeline(max_batch)
 
 
@@ -214,16 +219,19 @@ def check_launches_only(host: Graph) -> None:
     """CompileError unless every op of the lowered host graph is a kernel launch, a
     tensor-parallel collective or a host op (:data:`fusionc.runtime.host_ops.HOST_OPS`) of a
     float dtype, with RMSNorm over rows ``[T, D]``."""
-    from fusionc.runtime.host_ops import HOST_OPS
+    from fusionc.runtime.host_ops import HOST_COMPUTE, HOST_OPS
     for op in host.body:
         if op.name != "launch" and op.name not in HOST_OPS:
             raise CompileError("op is neither part of a fused kernel nor run by a library",
                                op=op.name, loc=op.loc,
-                               valid="attention and MLP blocks (fused kernels); linear, "
-                                     "RMSNorm, SiLU·mul, add, feature splits and collectives "
-                                     "(library path, many tokens)")
+                               valid="attention and MLP blocks (fused kernels); linear (with "
+                                     "a bias or not), RMSNorm, SiLU, SiLU·mul, add, mul, cast, "
+                                     "feature splits and collectives (library path, many "
+                                     "tokens)")
         if op.name in HOST_OPS and op.results and (
                 op.results[0].type.dtype.value not in ("f16", "bf16", "f32") or
+                op.name in HOST_COMPUTE and any(v.type.dtype.value not in ("f16", "bf16", "f32")
+                                                for v in op.operands) or
                 (op.name in ("rms_norm", "library_call") and op.operands[0].type.rank != 2)):
             raise CompileError(f"'{op.name}' on {op.operands[0].type}", op=op.name,
                                loc=op.loc, valid="f16, bf16 or f32 rows [T, D]")

@@ -24,6 +24,8 @@ from fusionc.runtime import arrays, library
 from fusionc.runtime.comm_ops import COMM_OPS
 
 HOST_OPS = HOST_ROWWISE | frozenset({"token_split", "token_concat"})
+# the ops _compute runs as CuPy kernels or GEMMs: float operands only (library.PREAMBLE)
+HOST_COMPUTE = frozenset({"library_call", "rms_norm", "silu_mul", "add", "mul", "silu", "cast"})
 
 
 class Streams:

@@ -11,8 +11,8 @@ allocates the pure outputs and launches; nothing is checked again because nothin
 can have changed. A misaligned address changes the signature, so it takes the checked path
 and gets its error.
 
-Graphs of kernel launches and GEMMs (``library_call``) run fully planned. Graphs with other
-host ops or collectives, and
+Graphs of kernel launches and GEMMs without a bias (``library_call``) run fully planned. Graphs
+with a biased GEMM, other host ops or collectives, and
 calls given ``outputs=``, run the general path with the signature's checks and dims reused
 (:meth:`Plan.views`: CuPy views of torch arguments made without checks, cached per address).
 """

@@ -316,3 +316,20 @@ def test_the_cost_of_a_phased_kernel_counts_every_phase():
     weights = (2 * 200 * 256 + 256 * 200) * 2
     c = streamed_cost(k, batch=1)
     assert weights < c.global_bytes < weights + 4096 and c.flops == 2 * (400 * 256 + 256 * 200)
+
+
+def test_the_default_counts_static_rows_and_split_tokens():
+    """A static batch past the bucket takes the library path whatever max_batch says, and
+    split_tokens (the token-split overlap of the library path) is passed on."""
+    from fusionc.runtime.compiled import v2_default_pipeline
+
+    @fc.graph
+    def g(x: fc.f16[100, 256], w: fc.f16[64, 256], b: fc.f16[64]):
+        return fc.linear(x, w, b, name="y")
+    assert v2_default_pipeline(g.graphs[0], 8).endswith("lower-library")
+    chain = example("graphs_v2", hidden=256, inter=200)["chain"]
+    pipe = v2_default_pipeline(chain, 4, 2)
+    assert "split-tokens{parts=2" in pipe
+    low = run_pipeline(Module((chain,)), pipe.replace("min_tokens=4096", "min_tokens=1"))
+    calls = [op for op in low["chain"].body if op.name == "library_call"]
+    assert len(calls) == 4 and sum(len(op.operands) == 3 for op in calls) == 2   # h, per block

@@ -260,3 +260,15 @@ def test_packer_table_takes_a_new_kind():
     assert pack.names == ("x", "w")
     pack.fill([0x5000, 0x6012])
     assert seen == [0x6012] and pack.values() == [0x5000, 0x12, 0x1000]
+
+
+def test_a_host_op_on_integers_is_named_at_compile_time():
+    """cast runs as a CuPy kernel on the library path: float operands only (its preambles)."""
+    import fusionc as fc
+    from fusionc.errors import CompileError
+
+    @fc.graph
+    def g(x: fc.i32["B", 8]):
+        return fc.cast(x, "f16")
+    with pytest.raises(CompileError, match="'cast' on i32"):
+        fc.compile(g, max_batch=300)
