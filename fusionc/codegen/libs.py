@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from fusionc.codegen.render import render
 
-ORDER = ("common", "mma", "gemv", "gemv_mma", "attention", "mla", "stream", "stream_flush")
+ORDER = ("common", "mma", "gemv", "gemv_mma", "attention", "mla", "stream", "wgmma",
+         "stream_flush")
 DEPS = {"gemv_mma": ("mma", "gemv"), "mla": ("mma",), "stream": ("mma",),
+        "wgmma": ("stream",),
         "stream_flush": ("stream",)}  # libraries that use another's helpers
 
 

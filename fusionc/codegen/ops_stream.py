@@ -198,7 +198,8 @@ def _gemv(op, ctx):
                 f"{op.attr('split')}, fc_s * {p.cols});")
     geo = _geo(ctx)
     if p.path == "mma":
-        return (f"fc_acc_mma_smem<{p.nb}, {geo.rows}, {geo.xbox_rows}, {geo.cols}, {ct}>("
+        fn = "fc_acc_wgmma_smem" if p.wgmma else "fc_acc_mma_smem"
+        return (f"{fn}<{p.nb}, {geo.rows}, {geo.xbox_rows}, {geo.cols}, {ct}>("
                 f"fc_acc, fc_sw, fc_sx, {gamma}, {rms}, fc_s * {geo.cols}, {k});")
     return (f"fc_acc_fma_smem<{p.rows // 16}, {p.max_batch}, {v}, {geo.rows}, {geo.xbox_rows}, "
             f"{ct}>(fc_acc, fc_sw, fc_sx, {gamma}, {rms}, {m}, fc_s * {geo.cols}, {k});")

@@ -34,6 +34,12 @@ from fusionc.ir.registry import lookup
 from fusionc.ir.printer import print_graph
 from fusionc.ir.types import DType
 
+# Batch rows from which the tensor-core path issues wgmma (a warpgroup's m64nNk16 from shared
+# memory) instead of mma.sync + ldmatrix per warp: from 1 row (H200 2026-12-03, same run: the
+# Llama-2-7B / Llama-3-8B MLPs 2.4-3.2 us faster at 1-8 rows). FUSIONC_MMA=sync|wgmma overrides
+# it (A/B runs) up to SYNC_MAX_ROWS, past which mma.sync's fragments spill.
+WGMMA_FROM_ROWS = 1
+SYNC_MAX_ROWS = 64
 CONSUMERS = 256           # consumer threads (8 warps): the thread maps of templates/lib/stream
 TOP_LEVEL = ("acc_alloc", "ring_alloc", "row_rms", "units")
 COUNTER_TIMEOUT_NS = 2_000_000_000
@@ -106,6 +112,17 @@ class StreamPlan:
     @property
     def nb(self) -> int:
         return -(-self.max_batch // 8)
+
+    @property
+    def wgmma(self) -> bool:
+        """Whether the tensor-core path issues wgmma (:data:`WGMMA_FROM_ROWS`)."""
+        import os
+        forced = os.environ.get("FUSIONC_MMA", "")
+        if self.path != "mma":
+            return False
+        if forced in ("sync", "wgmma") and self.max_batch <= SYNC_MAX_ROWS:
+            return forced == "wgmma"
+        return self.max_batch >= WGMMA_FROM_ROWS
 
 
 def is_streamed(kernel: Graph) -> bool:
@@ -306,7 +323,7 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
     source = render(
         "streamed.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
         ir_lines=print_graph(kernel).splitlines(),
-        libs=libs.render_libs({"mma", "stream", "stream_flush"}),
+        libs=libs.render_libs({"mma", "stream", "wgmma", "stream_flush"}),
         name=name, params=[kp.decl for kp in params], threads=p.threads, smem=p.smem,
         count=p.count, phases=p.phases, ring=ring, producer=p.producer,
         producer_setup=ctx.producer_setup, consumer_setup=ctx.consumer_setup,

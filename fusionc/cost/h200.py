@@ -28,6 +28,9 @@ class Device:
     cta_l2_bandwidth: float = 100e9   # one CTA reading partials from L2, bytes/s (estimate)
     grid_reduce_s: float = 2e-6      # fence + atomic arrival + tail latency (estimate)
     smem_reserved_per_block: int = 1024  # the hardware's own shared memory per CTA (sm_90)
+    # lowering v2's fused kernels against its library path, us by batch rows (max_batch = the
+    # batch): {rows: ((fused, library) per measured graph)}
+    v2_paths_us: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     def resident(self, grid: int, size: int, blocks: int = 1) -> bool:
         """Whether ``grid`` clusters of ``size`` CTAs are all resident at once, what kernels whose
@@ -37,6 +40,16 @@ class Device:
         (the load-time query ``cuOccupancyMaxActiveClusters`` confirms it:
         ``fusionc.runtime.launch``)."""
         return grid <= max(1, blocks) * self.resident_clusters.get(size, 0)
+
+    def v2_library_faster(self, rows: int) -> bool:
+        """Whether lowering v2's library path measured faster (summed over the measured graphs)
+        than its fused kernels at the smallest measured batch of at least ``rows`` rows; False
+        past the table (the fused bucket decides there) or without one."""
+        at = [r for r in sorted(self.v2_paths_us) if r >= rows]
+        if not at:
+            return False
+        times = self.v2_paths_us[at[0]]
+        return sum(lib for _, lib in times) < sum(fused for fused, _ in times)
 
     def collective_time(self, size: int, payload: int) -> float:
         """Seconds for one collective over ``payload`` bytes per CTA (log-linear interpolation
@@ -65,5 +78,13 @@ H200 = Device(
         4: {256: 1.19e-6, 1024: 1.56e-6, 4096: 3.90e-6, 16384: 13.2e-6},
         8: {256: 2.04e-6, 1024: 2.91e-6, 4096: 8.09e-6, 16384: 28.8e-6},
         16: {256: 3.73e-6, 1024: 5.52e-6, 4096: 16.1e-6, 16384: 58.8e-6},
+    },
+    # The Llama-2-7B and Llama-3-8B MLP blocks, fp16, 2026-12-03 (BENCHMARKS.md, issue 21 step
+    # 3b: `python3 benchmarks/mlp_block.py --compare-library --batch 1,4,8,16,32,64,128`)
+    v2_paths_us={
+        1: ((75.1, 84.9), (95.3, 102.3)), 4: ((75.7, 85.8), (95.5, 100.8)),
+        8: ((78.9, 86.5), (96.0, 105.2)), 16: ((82.4, 87.6), (100.6, 105.5)),
+        32: ((89.0, 90.5), (107.9, 108.5)), 64: ((107.9, 95.1), (136.2, 118.8)),
+        128: ((180.8, 105.3), (221.8, 131.3)),
     },
 )

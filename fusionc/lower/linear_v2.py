@@ -23,10 +23,12 @@ from fusionc.stream.ring import tma_rows
 ROWS = 64            # weight rows per tile (the tensor-core path's 4 strips of 16)
 ROW_CHUNK_BYTES = 256  # K chunk per tile row: 16 lanes x 16 bytes
 # Batch rows held in registers per path (issue 21 takes them to 256). The tensor-core path
-# holds 4 floats per 8 batch rows (an mma n-tile) per thread: 64 rows compile without spills
-# (146-164 registers, 159 KB of shared memory for the Llama-3-8B MLP). The FMA paths (f32, and
-# rows TMA cannot copy) hold 4 floats per batch row: 32 rows spill.
-MAX_BATCH_MMA = 64
+# holds 4 floats per 8 batch rows (an mma n-tile) per thread: 128 rows compile without spills on
+# wgmma (166-168 registers; 194 KB of shared memory for the Llama MLPs, 225 KB for a lone
+# 4096 x 4096 linear: the activation box of every stage grows with the batch, so 256 rows do
+# not fit). The FMA paths (f32, and rows TMA cannot copy) hold 4 floats per batch row: 32 rows
+# spill.
+MAX_BATCH_MMA = 128
 MAX_BATCH_FMA = 16
 
 

@@ -125,16 +125,20 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
                         min_split_tokens: int = 4096) -> str:
     """``lowering = v2``'s pipeline for ``g``: fused streamed kernels
     (:func:`fusionc.passes.stream.v2_pipeline`) up to the batch bucket every linear takes
-    (:func:`fusionc.lower.linear_v2.fused_rows`: 64 rows on tensor cores, 16 on the FMA
-    paths), the library path (:func:`library_pipeline`) above it or when ``split_tokens`` is
-    given. The rows are ``max_batch`` or a linear's static batch, whichever is larger."""
+    (:func:`fusionc.lower.linear_v2.fused_rows`: 128 rows on tensor cores, 16 on the FMA
+    paths) unless the cost table measured the library path faster at that batch
+    (:meth:`fusionc.cost.h200.Device.v2_library_faster`: from 33 rows on an H200); the library
+    path (:func:`library_pipeline`) otherwise, or when ``split_tokens`` is given. The rows are
+    ``max_batch`` or a linear's static batch, whichever is larger."""
+    from fusionc.cost.h200 import H200
     from fusionc.lower.linear_v2 import fused_rows
     from fusionc.passes.stream import v2_pipeline
     top = fused_rows(g)
     rows = max([max_batch] + [op.operands[0].type.shape[0] for op in g.body
                               if op.name == "linear" and
                               isinstance(op.operands[0].type.shape[0], int)])
-    if top is not None and rows > top or split_tokens is not None:
+    if top is not None and (rows > top or H200.v2_library_faster(rows)) or \
+            split_tokens is not None:
         return library_pipeline(g, split_tokens, min_split_tokens)
     return v2_pipeline(max_batch)
 

@@ -30,12 +30,13 @@ CASES = [("mlp", 4096, 11008, "f16", 1, 1), ("mlp", 4096, 14336, "bf16", 3, 4),
          ("mlp_shard", 4096, 7168, "bf16", 5, 8), ("chain", 2048, 1000, "f16", 3, 4),
          ("mlp", 2048, 5504, "f16", 17, 32), ("mlp", 4096, 14336, "bf16", 33, 64),
          ("mlp", 4096, 11008, "f16", 64, 64), ("swiglu", 3072, 8200, "bf16", 48, 64),
-         ("chain", 2048, 1000, "f16", 64, 64)]
-# above the fused kernels' batch bucket (fused_rows: 64 rows on tensor cores, 16 on the FMA
+         ("chain", 2048, 1000, "f16", 64, 64), ("mlp", 4096, 11008, "f16", 100, 128),
+         ("swiglu", 4096, 11008, "bf16", 128, 128), ("chain", 2048, 1000, "f16", 65, 128)]
+# above the fused kernels' batch bucket (fused_rows: 128 rows on tensor cores, 16 on the FMA
 # paths) fusionc.compile takes the library path (cuBLAS GEMMs, CuPy elementwise kernels)
-LIB_CASES = [("mlp", 4096, 11008, "f16", 100, 100), ("mlp", 4096, 14336, "bf16", 255, 255),
-             ("mlp", 4096, 14336, "f16", 256, 256), ("swiglu", 4096, 11008, "bf16", 128, 128),
-             ("chain", 2048, 1000, "f16", 65, 65), ("mlp", 1003, 500, "f16", 32, 32),
+LIB_CASES = [("mlp", 4096, 11008, "f16", 160, 160), ("mlp", 4096, 14336, "bf16", 255, 255),
+             ("mlp", 4096, 14336, "f16", 256, 256), ("swiglu", 4096, 11008, "bf16", 129, 129),
+             ("chain", 2048, 1000, "f16", 129, 129), ("mlp", 1003, 500, "f16", 32, 32),
              ("mlp_shard", 4096, 7168, "bf16", 200, 200), ("norm_silu", 3072, 8192, "f32", 17, 17)]
 
 

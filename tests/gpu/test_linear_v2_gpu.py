@@ -1,6 +1,6 @@
 """The design-v2 linear layer on the GPU (``lowering="v2"``): a streamed persistent kernel
 against a float64 reference on fresh random inputs, outputs poisoned first. Covers the FMA path
-(1 row, f32), tensor cores (2–16 rows, f16/bf16, one and two n-tiles), K tails (a half k-step,
+(1 row, f32), tensor cores (wgmma at 1–128 rows; mma.sync under FUSIONC_MMA=sync, f16/bf16), K tails (a half k-step,
 K below one tile), N tails, the plain-load path (rows TMA cannot copy), a bias, 1000 CUDA-graph
 replays with self-resetting counters, and a grid larger than the GPU holds at once."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations

@@ -205,6 +205,27 @@ def test_each_path_with_a_norm_prologue_compiles(hidden, inter, dtype, mb):
         assert ck.spills == 0 and ck.cubin
 
 
+@pytest.mark.parametrize("dtype, mb, forced, fn", [("f16", 16, "", "fc_acc_wgmma_smem"),
+                                                   ("f16", 1, "sync", "fc_acc_mma_smem"),
+                                                   ("bf16", 17, "", "fc_acc_wgmma_smem"),
+                                                   ("f16", 64, "", "fc_acc_wgmma_smem"),
+                                                   ("f16", 64, "sync", "fc_acc_mma_smem"),
+                                                   ("f16", 128, "sync", "fc_acc_wgmma_smem"),
+                                                   ("bf16", 1, "wgmma", "fc_acc_wgmma_smem")])
+def test_tensor_cores_issue_wgmma_from_the_measured_batch(dtype, mb, forced, fn, monkeypatch):
+    """The tensor-core path's consumer: a warpgroup's wgmma from WGMMA_FROM_ROWS (1), mma.sync
+    when FUSIONC_MMA=sync asks for it (up to 64 rows), the norm prologue in place on the activation box, compiled
+    without ptxas serializing the wgmma (C7520) or spilling."""
+    from fusionc.codegen.compile import compile_kernel
+    monkeypatch.setenv("FUSIONC_MMA", forced)
+    m = run_pipeline(Module((example("graphs_v2", hidden=1000, inter=520,
+                                     dtype=dtype)["mlp"],)), v2_pipeline(mb))
+    for k in kernels(m):
+        ck = compile_kernel(k)
+        assert fn + "<" in ck.source.source
+        assert "C7520" not in ck.log and ck.spills == 0
+
+
 @pytest.mark.parametrize("extra, epi, msg", [
     (", %y", "add", "add operand %y"),
     (", %acc", "add", "add operand %acc"),
@@ -273,10 +294,10 @@ def test_the_epilogue_rounds_where_the_graph_rounds():
     assert np.isinf(ref).all() and np.array_equal(out, ref)
 
 
-@pytest.mark.parametrize("dtype, hidden, top", [("f16", 256, 64), ("bf16", 256, 64),
+@pytest.mark.parametrize("dtype, hidden, top", [("f16", 256, 128), ("bf16", 256, 128),
                                                 ("f32", 256, 16), ("f16", 1003, 16)])
 def test_the_batch_bucket_is_named_past_its_limit(dtype, hidden, top):
-    """Tensor cores hold 64 rows; the FMA paths (f32, rows TMA cannot copy: 1003 f16) 16."""
+    """Tensor cores hold 128 rows; the FMA paths (f32, rows TMA cannot copy: 1003 f16) 16."""
     from fusionc.lower.linear_v2 import fused_rows, max_rows
     assert max_rows(fc.ir.DType(dtype), hidden) == top
     g = example("graphs_v2", hidden=hidden, inter=200, dtype=dtype)
@@ -287,8 +308,9 @@ def test_the_batch_bucket_is_named_past_its_limit(dtype, hidden, top):
 
 
 @pytest.mark.parametrize("graph, batch, mb, chain", [("mlp", 33, 64, True), ("mlp", 64, 64, False),
-                                                     ("chain", 17, 32, True)])
-def test_tensor_cores_take_up_to_64_rows_like_the_interpreter(graph, batch, mb, chain):
+                                                     ("chain", 17, 32, True),
+                                                     ("mlp", 100, 128, True)])
+def test_tensor_cores_take_up_to_128_rows_like_the_interpreter(graph, batch, mb, chain):
     m = example("graphs_v2", hidden=256, inter=200, dtype="bf16")
     g = Module((m[graph],))
     args = inputs(m[graph], batch, [], np.random.default_rng(batch))
@@ -298,12 +320,18 @@ def test_tensor_cores_take_up_to_64_rows_like_the_interpreter(graph, batch, mb, 
 
 
 def test_the_default_takes_the_library_path_past_the_fused_bucket():
-    """fusionc.compile(lowering = 'v2'): fused kernels up to fused_rows, GEMMs above."""
+    """fusionc.compile(lowering = 'v2'): fused kernels up to fused_rows unless the cost table
+    measured the library path faster at that batch (from 33 rows on an H200), GEMMs above."""
+    from fusionc.cost.h200 import H200
     from fusionc.runtime.compiled import v2_default_pipeline
     m = example("graphs_v2", hidden=256, inter=200, dtype="f16")
-    assert v2_default_pipeline(m["mlp"], 64).startswith("partition-units")
-    assert v2_default_pipeline(m["mlp"], 65).endswith("lower-library")
-    low = run_pipeline(Module((m["chain"],)), v2_default_pipeline(m["chain"], 100))
+    assert v2_default_pipeline(m["mlp"], 32).startswith("partition-units")
+    assert [r for r in range(1, 129) if H200.v2_library_faster(r)] == list(range(33, 129))
+    assert v2_default_pipeline(m["mlp"], 33).endswith("lower-library")
+    assert v2_default_pipeline(m["mlp"], 129).endswith("lower-library")
+    assert v2_default_pipeline(example("graphs_v2", hidden=256, inter=200, dtype="f32")["mlp"],
+                               16).startswith("partition-units")
+    low = run_pipeline(Module((m["chain"],)), v2_default_pipeline(m["chain"], 200))
     assert [op.name for op in low["chain"].body] == ["library_call", "library_call", "cast"]
     assert len(low["chain"].body[0].operands) == 3   # the bias, added by the GEMM
 
@@ -324,7 +352,7 @@ def test_the_default_counts_static_rows_and_split_tokens():
     from fusionc.runtime.compiled import v2_default_pipeline
 
     @fc.graph
-    def g(x: fc.f16[100, 256], w: fc.f16[64, 256], b: fc.f16[64]):
+    def g(x: fc.f16[200, 256], w: fc.f16[64, 256], b: fc.f16[64]):
         return fc.linear(x, w, b, name="y")
     assert v2_default_pipeline(g.graphs[0], 8).endswith("lower-library")
     chain = example("graphs_v2", hidden=256, inter=200)["chain"]
