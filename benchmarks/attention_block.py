@@ -54,8 +54,7 @@ def run_point(name, m, batch, kv, bw, fusionc_fn, alt=None):
     eager = lambda s: torch_blocks.attention_block(  # noqa: E731
         s["x"], s["attn_norm"], s["w_qkv"], s["w_o"], s["k_cache"], s["v_cache"],
         s["positions"], kv, **kw)
-    compiled = None if NO_COMPILE else torch.compile(eager, mode="max-autotune-no-cudagraphs",
-                                                     dynamic=False)
+    compiled = None if NO_COMPILE else common.fresh_compile(eager, "max-autotune-no-cudagraphs")
     row = dict(model=name, batch=batch, kv=kv, floor_us=nbytes / bw * 1e6)
     return common.measure(row, sets, eager, compiled, fusionc_fn, alt)
 

@@ -90,6 +90,16 @@ def table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
+def fresh_compile(fn, mode: str | None = None):
+    """``torch.compile(fn, mode=mode, dynamic=False)`` with Dynamo's caches reset first: every
+    point of a sweep calls the same Python function at a new shape, and past Dynamo's recompile
+    limit (8) it silently runs eager (issue 21, 2026-12-03: torch.compile measured eager's time
+    from the ninth point of a sweep on)."""
+    import torch
+    torch._dynamo.reset()
+    return torch.compile(fn, mode=mode, dynamic=False)
+
+
 def measure(row: dict, sets: list[dict], eager, compiled, fusionc_fn, alt_fn=None) -> dict:
     """Fill ``row`` with the times of every variant on the same buffer sets (µs), fusionc's
     error against eager on a copy of the first set, its efficiency against ``row["floor_us"]``

@@ -88,8 +88,7 @@ def run_point(batch, kv, bw, sweep, no_compile, codegen=None, alt=None):
     eager = lambda s: torch_blocks.mla_block(  # noqa: E731
         s["x"], s["attn_norm"], s["w_q"], s["w_kv_a"], s["kv_norm"], s["w_uk_t"], s["w_uv"],
         s["w_o"], s["cache"], s["positions"], kv, **kw)
-    compiled = None if no_compile else torch.compile(eager, mode="max-autotune-no-cudagraphs",
-                                                     dynamic=False)
+    compiled = None if no_compile else common.fresh_compile(eager, "max-autotune-no-cudagraphs")
     fn = fusionc_mla(batch, kv, codegen=codegen)
     alt_fn = fusionc_mla(batch, kv, codegen=alt) if alt else None
     row = dict(batch=batch, kv=kv, floor_us=nbytes / bw * 1e6,

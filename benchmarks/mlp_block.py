@@ -85,8 +85,8 @@ def run_point(name, m, batch, bw, fn, alt=None):
     sets = [make_set(m, batch) for _ in range(common.sets_needed(nbytes))]
     eager = lambda s: torch_blocks.mlp_block(s["x"], s["mlp_norm"], s["w_gate_up"],  # noqa
                                              s["w_down"], eps=1e-5)
-    compiled = None if NO_COMPILE else torch.compile(
-        eager, mode="max-autotune-no-cudagraphs" if MAX_AUTOTUNE else None, dynamic=False)
+    compiled = None if NO_COMPILE else common.fresh_compile(
+        eager, "max-autotune-no-cudagraphs" if MAX_AUTOTUNE else None)
     row = dict(model=name, batch=batch, floor_us=nbytes / bw * 1e6)
     return common.measure(row, sets, eager, compiled, fn, alt)
 
