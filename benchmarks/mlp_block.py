@@ -68,7 +68,7 @@ def fusionc_mlp(m, batch, codegen=None, lowering=None):
         from fusionc.passes.stream import v2_pipeline
         lowering, pipeline = "v2", v2_pipeline(batch, chain=lowering == "v2-chained")
     elif lowering == "library":   # fusionc's library path (cuBLAS GEMMs, CuPy kernels)
-        from fusionc.runtime.compiled import library_pipeline
+        from fusionc.runtime.pipelines import library_pipeline
         lowering, pipeline = "v2", library_pipeline(mod.graphs[0])
     try:
         return fusionc.compile(mod, max_batch=batch, autotune=TUNE, codegen=codegen,

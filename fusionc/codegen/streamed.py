@@ -19,6 +19,7 @@ Execution model of the generated kernel (``templates/streamed.cu.j2``):
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import fusionc
@@ -115,14 +116,12 @@ class StreamPlan:
 
     @property
     def wgmma(self) -> bool:
-        """Whether the tensor-core path issues wgmma (:data:`WGMMA_FROM_ROWS`)."""
-        import os
+        """Whether the tensor-core path issues wgmma: from :data:`WGMMA_FROM_ROWS`, or as
+        ``$FUSIONC_MMA`` (``sync`` | ``wgmma``) says (checked by :func:`plan`)."""
         forced = os.environ.get("FUSIONC_MMA", "")
         if self.path != "mma":
             return False
-        if forced in ("sync", "wgmma") and self.max_batch <= SYNC_MAX_ROWS:
-            return forced == "wgmma"
-        return self.max_batch >= WGMMA_FROM_ROWS
+        return forced == "wgmma" if forced else self.max_batch >= WGMMA_FROM_ROWS
 
 
 def is_streamed(kernel: Graph) -> bool:
@@ -165,6 +164,7 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
     if ring is not None and check:
         for ph in phases:
             _check_protocol(ph.units, ring)
+    _check_mma_choice(g, mb)
     p = StreamPlan(kernel, phases, ring, path, rows, cols, mb)
     if kernel.attr("threads") != p.threads:
         raise CompileError(f"{kernel.attr('threads')} threads", op=kernel.name, loc=kernel.loc,
@@ -255,6 +255,18 @@ def _plan_counters(p: StreamPlan) -> None:
         p.exit_counters = (start, n_exit)
         words += 1   # the exit count
     p.words = words + 1   # the error word
+
+
+def _check_mma_choice(g: Op, max_batch: int) -> None:
+    """CompileError for a ``$FUSIONC_MMA`` the tensor-core path cannot follow."""
+    forced = os.environ.get("FUSIONC_MMA", "")
+    if forced not in ("", "sync", "wgmma"):
+        raise CompileError(f"FUSIONC_MMA={forced!r}", op=g.name, loc=g.loc,
+                           valid="unset, 'sync' (mma.sync + ldmatrix) or 'wgmma'")
+    if forced == "sync" and max_batch > SYNC_MAX_ROWS:
+        raise CompileError(f"FUSIONC_MMA=sync at max_batch {max_batch}", op=g.name, loc=g.loc,
+                           valid=f"max_batch <= {SYNC_MAX_ROWS} (mma.sync's fragments spill "
+                                 "past it), or FUSIONC_MMA unset / 'wgmma'")
 
 
 def _plan_smem(p: StreamPlan) -> None:

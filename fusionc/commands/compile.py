@@ -49,7 +49,7 @@ def setup(p):
     p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
                    help="v1: cluster kernels per block (default); v2: streamed persistent "
                         "kernels over every SM (graphs of linear, norm and elementwise "
-                        "ops; the library path where the cost table measured it faster: from 33 rows)")
+                        "ops; the library path where the cost table measured it faster)")
     p.add_argument("--no-check", action="store_true", help="skip the simulator check")
 
     def run(args):
@@ -121,7 +121,7 @@ def _lower(g, args, out: pathlib.Path):
     """Run the pipeline on ``g``, writing the IR before and after every pass into ``out``."""
     from fusionc.ir import Module, print_module
     from fusionc.passes import run_pipeline
-    from fusionc.runtime.compiled import pipeline_for
+    from fusionc.runtime.pipelines import pipeline_for
     stage = [0]
 
     def dump(spec, m):
@@ -130,7 +130,7 @@ def _lower(g, args, out: pathlib.Path):
     write_file(out / f"{g.name}.0-input.fir", print_module(Module((g,))))
     max_batch = args.max_batch or DEFAULT_MAX_BATCH
     if getattr(args, "lowering", "v1") == "v2":
-        from fusionc.runtime.compiled import v2_default_pipeline
+        from fusionc.runtime.pipelines import v2_default_pipeline
         default = v2_default_pipeline(g, max_batch)
     else:
         default = pipeline_for(g, max_batch, args.cluster, args.scheme)

@@ -40,7 +40,7 @@ def setup(p):
     from fusionc.commands.compile import positive_int
     p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
                    help="the default pipeline of --after: v1 (cluster kernels) or v2 "
-                        "(partition-units,stream-plan,insert-barriers,smem-plan)")
+                        "(fusionc.compile's: fused streamed kernels or the library path)")
     p.add_argument("--max-batch", type=positive_int, default=8,
                    help="batch bucket of the v2 pipeline (default 8)")
     p.add_argument("--batch", type=positive_int, default=1,
@@ -103,9 +103,9 @@ def parse_sizes(items: list[str]) -> dict:
 
 def _v2_default(module, args) -> str:
     """``fusionc.compile``'s v2 pipeline for ``--graph`` (or for every graph, when they agree;
-    else the fused one): fused kernels up to their batch bucket, the library path above."""
+    else the fused one): :func:`fusionc.runtime.pipelines.v2_default_pipeline`."""
     from fusionc.passes.stream import v2_pipeline
-    from fusionc.runtime.compiled import v2_default_pipeline
+    from fusionc.runtime.pipelines import v2_default_pipeline
     names = [args.graph] if getattr(args, "graph", None) in module.names else \
         [g.name for g in module.graphs if g.kind == "graph"]
     found = {v2_default_pipeline(module[n], args.max_batch) for n in names}

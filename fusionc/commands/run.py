@@ -43,7 +43,7 @@ def setup(p):
     p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
                    help="v1: cluster kernels per block (default); v2: streamed persistent "
                         "kernels over every SM (graphs of linear, norm and elementwise "
-                        "ops; the library path where the cost table measured it faster: from 33 rows)")
+                        "ops; the library path where the cost table measured it faster)")
     p.add_argument("--timeline", action="store_true",
                    help="profiling build: print each kernel's time per op (last launch; "
                         "fusionc.runtime.timeline); profiles the cost model's choice, not a "

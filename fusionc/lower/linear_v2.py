@@ -41,7 +41,8 @@ def max_rows(dtype: DType, k) -> int:
 
 def fused_rows(g: Graph) -> int | None:
     """The largest batch bucket every linear of graph ``g`` takes on lowering v2 (None: no
-    linear); above it ``fusionc.compile`` takes the library path."""
+    linear); above it ``fusionc.compile`` takes the library path (also below it, where
+    ``fusionc.cost.h200.Device.v2_library_faster`` says so)."""
     tops = [max_rows(op.operands[0].type.dtype, op.operands[1].type.shape[1])
             for op in g.body if op.name == "linear"]
     return min(tops) if tops else None
@@ -70,7 +71,7 @@ def check_linear(op: Op, max_batch: int) -> None:
                             valid=f"at most {top} rows per fused kernel on the {path} path "
                                   f"(max_batch <= {top}); above it fusionc.compile's default "
                                   "pipeline takes the library path (given a pipeline: "
-                                  "fusionc.runtime.compiled.library_pipeline(graph))")
+                                  "fusionc.runtime.pipelines.library_pipeline(graph))")
 
 
 def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,

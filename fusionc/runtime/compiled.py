@@ -12,6 +12,7 @@ from __future__ import annotations
 from fusionc.errors import CompileError, InputError
 from fusionc.ir.nodes import Graph, Module
 from fusionc.runtime import arrays
+from fusionc.runtime.pipelines import pipeline_for, prefill, v2_default_pipeline
 
 
 def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: int = 0,
@@ -52,8 +53,9 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             than 16).
         lowering: ``"v1"`` (cluster kernels per block, the default) or ``"v2"`` (design v2:
             streamed persistent kernels over every SM; graphs of linear layers and the norm and
-            elementwise ops around them, up to the batch bucket the fused kernels take, the
-            library path above it: :func:`v2_default_pipeline`).
+            elementwise ops around them, fused up to the batch bucket the fused kernels take
+            unless the cost table measured the library path faster; the library path
+            otherwise: :func:`fusionc.runtime.pipelines.v2_default_pipeline`).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
@@ -76,7 +78,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     if lowering == "v2" and pipeline is None:
         pipeline = v2_default_pipeline(module[name], max_batch, split_tokens, min_split_tokens)
     if pipeline is None and codegen is None and cluster == 0 and scheme == "auto" and \
-            not _prefill(module[name], max_batch):   # tuning is for the decode kernels
+            not prefill(module[name], max_batch):   # tuning is for the decode kernels
 
         choice = _tuned(module[name], max_batch, kv_len, autotune)
         if choice is not None:
@@ -100,65 +102,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     return CompiledGraph(lowered, host, kernels, max_batch, comm, side_ctas)
 
 
-def pipeline_for(g: Graph, max_batch: int, cluster: int = 0, scheme: str = "auto",
-                 kv_len: int | None = None, split_tokens: int | None = None,
-                 min_split_tokens: int = 4096) -> str:
-    """The default pipeline for ``g``: the library path (``split-tokens`` + ``lower-library``)
-    for graphs of many tokens or without a fused block (see :func:`_prefill`), else the
-    decode-kernel pipeline (:func:`fusionc.passes.pipeline.default_pipeline`)."""
-    from fusionc.passes.pipeline import default_pipeline
-    if _prefill(g, max_batch):
-        return library_pipeline(g, split_tokens, min_split_tokens)
-    return default_pipeline(cluster, scheme, max_batch, kv_len)
-
-
-def library_pipeline(g: Graph, split_tokens: int | None = None,
-                     min_split_tokens: int = 4096) -> str:
-    """The library path: linears as cuBLAS GEMMs (``lower-library``), the rest as CuPy
-    kernels; with collectives, the tokens cut into ``split_tokens`` blocks (default 2)."""
-    parts = split_tokens if split_tokens is not None else (2 if _has_collectives(g) else 1)
-    return (f"fuse-allreduce-norm,split-tokens{{parts={parts},"
-            f"min_tokens={min_split_tokens}}},lower-library")
-
-
-def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = None,
-                        min_split_tokens: int = 4096) -> str:
-    """``lowering = v2``'s pipeline for ``g``: fused streamed kernels
-    (:func:`fusionc.passes.stream.v2_pipeline`) up to the batch bucket every linear takes
-    (:func:`fusionc.lower.linear_v2.fused_rows`: 128 rows on tensor cores, 16 on the FMA
-    paths) unless the cost table measured the library path faster at that batch
-    (:meth:`fusionc.cost.h200.Device.v2_library_faster`: from 33 rows on an H200); the library
-    path (:func:`library_pipeline`) otherwise, or when ``split_tokens`` is given. The rows are
-    ``max_batch`` or a linear's static batch, whichever is larger."""
-    from fusionc.cost.h200 import H200
-    from fusionc.lower.linear_v2 import fused_rows
-    from fusionc.passes.stream import v2_pipeline
-    top = fused_rows(g)
-    rows = max([max_batch] + [op.operands[0].type.shape[0] for op in g.body
-                              if op.name == "linear" and
-                              isinstance(op.operands[0].type.shape[0], int)])
-    if top is not None and (rows > top or H200.v2_library_faster(rows)) or \
-            split_tokens is not None:
-        return library_pipeline(g, split_tokens, min_split_tokens)
-    return v2_pipeline(max_batch)
-
-
-PREFILL_TOKENS = 256
 LOWERINGS = ("v1", "v2")
-_DECODE_ONLY = ("decode_attention", "kv_cache_append", "mla_decode_attention", "rope")
-
-
-def _prefill(g: Graph, max_batch: int) -> bool:
-    """No attention, and many tokens or no block the decode kernels fuse (e.g. a lone output
-    projection): the library (GEMM) lowering instead of the decode kernels."""
-    if any(op.name in _DECODE_ONLY for op in g.body):
-        return False
-    from fusionc.lower.stages import find_stages
-    return max_batch >= PREFILL_TOKENS or not find_stages(g)
-
-
-def _has_collectives(g: Graph) -> bool:
-    return any(op.name.startswith("all_reduce") for op in g.body)
 
 
 def _check_options(program, max_batch, kv_len, cluster) -> None:

@@ -3,8 +3,8 @@ each against the float64 interpreter on fresh random inputs, outputs poisoned fi
 MLP block (RMSNorm prologue, paired gate/up tiles with the SwiGLU epilogue, the residual
 epilogue) at batch 1–16 in f16 and bf16, an intermediate size that is no multiple of 1024, the
 plain-load path (rows TMA cannot copy), separate gate/up weights (silu and mul epilogues), a
-bias + cast chain, batch 17–64 on tensor cores, the library path above the fused kernels' batch
-bucket (batch 32–256), and 200 CUDA-graph replays of the MLP. Chained linears (the MLP's gate/up
+bias + cast chain, batch 17–128 on tensor cores (wgmma), the library path above the fused
+kernels' batch bucket (129–256 rows; 17 and 32 on the FMA paths), and 200 CUDA-graph replays of the MLP. Chained linears (the MLP's gate/up
 then down, ``@chain``) run as the phases of one persistent kernel wherever every row can be
 copied by TMA, also on grids of 1 and 5 CTAs."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations

@@ -1,7 +1,7 @@
 """The design-v2 linear layer on the GPU (``lowering="v2"``): a streamed persistent kernel
 against a float64 reference on fresh random inputs, outputs poisoned first. Covers the FMA path
-(1 row, f32), tensor cores (wgmma at 1–128 rows; mma.sync under FUSIONC_MMA=sync, f16/bf16), K tails (a half k-step,
-K below one tile), N tails, the plain-load path (rows TMA cannot copy), a bias, 1000 CUDA-graph
+(1 row, f32), tensor cores (wgmma at 1–128 rows; mma.sync under FUSIONC_MMA=sync, f16/bf16), K
+tails (a half k-step, K below one tile), N tails, the plain-load path (rows TMA cannot copy), a bias, 1000 CUDA-graph
 replays with self-resetting counters, and a grid larger than the GPU holds at once."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
 import pathlib

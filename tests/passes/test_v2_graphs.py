@@ -3,12 +3,14 @@ linear kernel (an RMSNorm prologue, paired gate/up tiles, epilogue steps), befor
 ``simulate(lower(g)) ≈ interpret(g)`` over the example graphs and over random chains
 (hypothesis), the errors, and NVRTC builds of each consumer path with a prologue."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import fusionc as fc
-from fusionc.errors import LoweringError, VerifyError
+from fusionc.errors import CompileError, LoweringError, VerifyError
 from fusionc.interp import interpret
 from fusionc.ir import Module, parse_module
 from fusionc.passes import run_pipeline
@@ -195,7 +197,7 @@ def test_bad_epilogues_are_named(extra, epi, msg):
                                                       (1003, 500, "f16", 8),
                                                       (4096, 1000, "bf16", 1)])
 def test_each_path_with_a_norm_prologue_compiles(hidden, inter, dtype, mb):
-    """mma (16-bit, 1-64 rows), FMA (f32) and plain loads (rows TMA cannot copy), chained and
+    """tensor cores (16-bit, 1-128 rows), FMA (f32) and plain loads (rows TMA cannot copy), chained and
     not, without spills."""
     from fusionc.codegen.compile import compile_kernel
     m = run_pipeline(Module((example("graphs_v2", hidden=hidden, inter=inter,
@@ -205,17 +207,17 @@ def test_each_path_with_a_norm_prologue_compiles(hidden, inter, dtype, mb):
         assert ck.spills == 0 and ck.cubin
 
 
-@pytest.mark.parametrize("dtype, mb, forced, fn", [("f16", 16, "", "fc_acc_wgmma_smem"),
-                                                   ("f16", 1, "sync", "fc_acc_mma_smem"),
-                                                   ("bf16", 17, "", "fc_acc_wgmma_smem"),
-                                                   ("f16", 64, "", "fc_acc_wgmma_smem"),
-                                                   ("f16", 64, "sync", "fc_acc_mma_smem"),
-                                                   ("f16", 128, "sync", "fc_acc_wgmma_smem"),
-                                                   ("bf16", 1, "wgmma", "fc_acc_wgmma_smem")])
+WG, SYNC = "fc_acc_wgmma_smem", "fc_acc_mma_smem"
+
+
+@pytest.mark.parametrize("dtype, mb, forced, fn", [("f16", 16, "", WG), ("f16", 1, "sync", SYNC),
+                                                   ("bf16", 17, "", WG), ("f16", 64, "", WG),
+                                                   ("f16", 64, "sync", SYNC),
+                                                   ("bf16", 1, "wgmma", WG)])
 def test_tensor_cores_issue_wgmma_from_the_measured_batch(dtype, mb, forced, fn, monkeypatch):
     """The tensor-core path's consumer: a warpgroup's wgmma from WGMMA_FROM_ROWS (1), mma.sync
-    when FUSIONC_MMA=sync asks for it (up to 64 rows), the norm prologue in place on the activation box, compiled
-    without ptxas serializing the wgmma (C7520) or spilling."""
+    when FUSIONC_MMA=sync asks for it (up to 64 rows), the norm prologue in place on the
+    activation box, compiled without ptxas serializing the wgmma (C7520) or spilling."""
     from fusionc.codegen.compile import compile_kernel
     monkeypatch.setenv("FUSIONC_MMA", forced)
     m = run_pipeline(Module((example("graphs_v2", hidden=1000, inter=520,
@@ -224,6 +226,17 @@ def test_tensor_cores_issue_wgmma_from_the_measured_batch(dtype, mb, forced, fn,
         ck = compile_kernel(k)
         assert fn + "<" in ck.source.source
         assert "C7520" not in ck.log and ck.spills == 0
+
+
+@pytest.mark.parametrize("forced, mb, msg", [("SYNC", 4, "FUSIONC_MMA='SYNC'"),
+                                             ("sync", 128, "FUSIONC_MMA=sync at max_batch 128")])
+def test_an_mma_override_the_path_cannot_follow_is_named(forced, mb, msg, monkeypatch):
+    from fusionc.codegen.compile import compile_kernel
+    monkeypatch.setenv("FUSIONC_MMA", forced)
+    with pytest.raises(CompileError, match=re.escape(msg)):
+        m = run_pipeline(Module((example("graphs_v2", hidden=1000, inter=520)["mlp"],)),
+                         v2_pipeline(mb))
+        compile_kernel(kernels(m)[0])
 
 
 @pytest.mark.parametrize("extra, epi, msg", [
@@ -323,7 +336,7 @@ def test_the_default_takes_the_library_path_past_the_fused_bucket():
     """fusionc.compile(lowering = 'v2'): fused kernels up to fused_rows unless the cost table
     measured the library path faster at that batch (from 33 rows on an H200), GEMMs above."""
     from fusionc.cost.h200 import H200
-    from fusionc.runtime.compiled import v2_default_pipeline
+    from fusionc.runtime.pipelines import v2_default_pipeline
     m = example("graphs_v2", hidden=256, inter=200, dtype="f16")
     assert v2_default_pipeline(m["mlp"], 32).startswith("partition-units")
     assert [r for r in range(1, 129) if H200.v2_library_faster(r)] == list(range(33, 129))
@@ -349,7 +362,7 @@ def test_the_cost_of_a_phased_kernel_counts_every_phase():
 def test_the_default_counts_static_rows_and_split_tokens():
     """A static batch past the bucket takes the library path whatever max_batch says, and
     split_tokens (the token-split overlap of the library path) is passed on."""
-    from fusionc.runtime.compiled import v2_default_pipeline
+    from fusionc.runtime.pipelines import v2_default_pipeline
 
     @fc.graph
     def g(x: fc.f16[200, 256], w: fc.f16[64, 256], b: fc.f16[64]):

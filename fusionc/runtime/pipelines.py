@@ -1,0 +1,66 @@
+"""The default pipelines of ``fusionc.compile``: the decode kernels (lowering v1), the fused
+streamed kernels or the library path (lowering v2, chosen by the batch bucket and the cost
+table), and the library path for graphs of many tokens."""
+from __future__ import annotations
+
+from fusionc.ir.nodes import Graph
+
+
+def pipeline_for(g: Graph, max_batch: int, cluster: int = 0, scheme: str = "auto",
+                 kv_len: int | None = None, split_tokens: int | None = None,
+                 min_split_tokens: int = 4096) -> str:
+    """The default pipeline for ``g``: the library path (``split-tokens`` + ``lower-library``)
+    for graphs of many tokens or without a fused block (see :func:`prefill`), else the
+    decode-kernel pipeline (:func:`fusionc.passes.pipeline.default_pipeline`)."""
+    from fusionc.passes.pipeline import default_pipeline
+    if prefill(g, max_batch):
+        return library_pipeline(g, split_tokens, min_split_tokens)
+    return default_pipeline(cluster, scheme, max_batch, kv_len)
+
+
+def library_pipeline(g: Graph, split_tokens: int | None = None,
+                     min_split_tokens: int = 4096) -> str:
+    """The library path: linears as cuBLAS GEMMs (``lower-library``), the rest as CuPy
+    kernels; with collectives, the tokens cut into ``split_tokens`` blocks (default 2)."""
+    parts = split_tokens if split_tokens is not None else (2 if _has_collectives(g) else 1)
+    return (f"fuse-allreduce-norm,split-tokens{{parts={parts},"
+            f"min_tokens={min_split_tokens}}},lower-library")
+
+
+def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = None,
+                        min_split_tokens: int = 4096) -> str:
+    """``lowering = v2``'s pipeline for ``g``: fused streamed kernels
+    (:func:`fusionc.passes.stream.v2_pipeline`) up to the batch bucket every linear takes
+    (:func:`fusionc.lower.linear_v2.fused_rows`: 128 rows on tensor cores, 16 on the FMA
+    paths) unless the cost table measured the library path faster at that batch
+    (:meth:`fusionc.cost.h200.Device.v2_library_faster`: from 33 rows on an H200); the library
+    path (:func:`library_pipeline`) otherwise, or when ``split_tokens`` is given. The rows are
+    ``max_batch`` or a linear's static batch, whichever is larger."""
+    from fusionc.cost.h200 import H200
+    from fusionc.lower.linear_v2 import fused_rows
+    from fusionc.passes.stream import v2_pipeline
+    top = fused_rows(g)
+    rows = max([max_batch] + [op.operands[0].type.shape[0] for op in g.body
+                              if op.name == "linear" and
+                              isinstance(op.operands[0].type.shape[0], int)])
+    if top is not None and (rows > top or H200.v2_library_faster(rows)) or \
+            split_tokens is not None:
+        return library_pipeline(g, split_tokens, min_split_tokens)
+    return v2_pipeline(max_batch)
+
+
+PREFILL_TOKENS = 256
+_DECODE_ONLY = ("decode_attention", "kv_cache_append", "mla_decode_attention", "rope")
+
+
+def prefill(g: Graph, max_batch: int) -> bool:
+    """No attention, and many tokens or no block the decode kernels fuse (e.g. a lone output
+    projection): the library (GEMM) lowering instead of the decode kernels."""
+    if any(op.name in _DECODE_ONLY for op in g.body):
+        return False
+    from fusionc.lower.stages import find_stages
+    return max_batch >= PREFILL_TOKENS or not find_stages(g)
+
+
+def _has_collectives(g: Graph) -> bool:
+    return any(op.name.startswith("all_reduce") for op in g.body)
