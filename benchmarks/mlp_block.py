@@ -3,13 +3,15 @@ fusionc vs PyTorch eager and torch.compile, each in a CUDA graph, vs the HBM flo
 x in + y out at the copy bandwidth measured in the same run):
 
     python3 benchmarks/mlp_block.py [--quick] [--lowering v1|v2] [--compare-v1 |
-        --compare-unchained | --compare-chained | --compare-library] [--shard i/n]
+        --compare-unchained | --compare-chained | --compare-wide | --compare-library]
+        [--shard i/n]
         [--models NAME,...] [--batch 1,4,16] [--dtype f16|bf16]
 
 Shapes: eight open models, hidden 2048–8192 (some intermediates no multiple of 1024); batch 1,
 2, 4, 8, 16, 32, 64, 128, 256 by default. ``--compare-v1`` adds the v1 lowering as ``alt_us``,
 ``--compare-unchained`` / ``--compare-chained`` v2 with one kernel per linear or the MLP in one
 persistent kernel (``v2_pipeline(chain=...)``; the default picks by the batch),
+``--compare-wide`` the same in one kernel of 128-row weight tiles,
 ``--compare-library`` fusionc's library path (cuBLAS GEMMs, CuPy elementwise kernels).
 torch.compile runs in its default mode (``--max-autotune``: max-autotune-no-cudagraphs). The
 table goes to stdout, a CSV to ``$OUT/mlp_block[-shard{i}of{n}].csv`` when ``$OUT`` is set.
@@ -64,9 +66,10 @@ def fusionc_mlp(m, batch, codegen=None, lowering=None):
                               dtype=DTYPE)
     lowering = lowering or LOWERING
     pipeline = None
-    if lowering in ("v2-unchained", "v2-chained"):   # one persistent kernel against two
+    if lowering in ("v2-unchained", "v2-chained", "v2-wide"):   # one kernel against two
         from fusionc.passes.stream import v2_pipeline
-        lowering, pipeline = "v2", v2_pipeline(batch, chain=lowering == "v2-chained")
+        lowering, pipeline = "v2", v2_pipeline(batch, chain=lowering != "v2-unchained",
+                                               rows=128 if lowering == "v2-wide" else 64)
     elif lowering == "library":   # fusionc's library path (cuBLAS GEMMs, CuPy kernels)
         from fusionc.runtime.pipelines import library_pipeline
         lowering, pipeline = "v2", library_pipeline(mod.graphs[0])
@@ -129,6 +132,8 @@ def variants(args):
         alt = (None, "v2-unchained" if args.compare_unchained else "v2-chained")
     if args.compare_library:
         alt = (None, "library")
+    if args.compare_wide:
+        alt = (None, "v2-wide")
     return main, alt
 
 
@@ -148,6 +153,8 @@ def extra_args(ap):
                     help="v2 with one kernel per linear as the alt_us column")
     ap.add_argument("--compare-chained", action="store_true",
                     help="v2 with the MLP in one persistent kernel as the alt_us column")
+    ap.add_argument("--compare-wide", action="store_true",
+                    help="the MLP in one kernel of 128-row tiles (wgmma) as the alt_us column")
     ap.add_argument("--compare-library", action="store_true",
                     help="fusionc's library path (cuBLAS GEMMs) as the alt_us column")
     ap.add_argument("--shard", type=shard_spec, default=None, metavar="i/n")

@@ -143,12 +143,13 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
     dt = g.operands[1].type.dtype
     v = 16 // dt.itemsize
     for ph in phases:
-        if (ph.gemv.attr("rows"), ph.gemv.attr("cols")) != (64, 16 * v) or \
-                ph.gemv.operands[1].type.dtype != dt:
+        if (ph.gemv.attr("rows"), ph.gemv.attr("cols")) != (rows, 16 * v) or rows not in \
+                (64, 128) or ph.gemv.operands[1].type.dtype != dt:
             raise CompileError(f"tiles of {ph.gemv.attr('rows')} x {ph.gemv.attr('cols')}",
                                op=ph.gemv.name, loc=ph.gemv.loc,
-                               valid=f"64 rows x {16 * v} columns (256-byte row chunks) of "
-                                     f"{dt.value} in every phase")
+                               valid=f"64 (or, on tensor cores, 128) rows x {16 * v} columns "
+                                     f"(256-byte row chunks) of {dt.value}, the same in every "
+                                     "phase")
     mb = kernel.attr("max_batch")
     on_ring = ring is not None and all(_from_ring(ph.units, ph.gemv) for ph in phases)
     if len(phases) > 1 and not on_ring:
@@ -164,7 +165,7 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
     if ring is not None and check:
         for ph in phases:
             _check_protocol(ph.units, ring)
-    _check_mma_choice(g, mb)
+    _check_mma_choice(g, mb, rows, path)
     p = StreamPlan(kernel, phases, ring, path, rows, cols, mb)
     if kernel.attr("threads") != p.threads:
         raise CompileError(f"{kernel.attr('threads')} threads", op=kernel.name, loc=kernel.loc,
@@ -257,9 +258,14 @@ def _plan_counters(p: StreamPlan) -> None:
     p.words = words + 1   # the error word
 
 
-def _check_mma_choice(g: Op, max_batch: int) -> None:
-    """CompileError for a ``$FUSIONC_MMA`` the tensor-core path cannot follow."""
+def _check_mma_choice(g: Op, max_batch: int, rows: int, path: str) -> None:
+    """CompileError for tiles of 128 rows off the wgmma path, or a ``$FUSIONC_MMA`` the
+    tensor-core path cannot follow."""
     forced = os.environ.get("FUSIONC_MMA", "")
+    if rows == 128 and (path != "mma" or forced == "sync"):
+        raise CompileError(f"tiles of 128 rows on the {'mma.sync' if path == 'mma' else path} "
+                           "path", op=g.name, loc=g.loc,
+                           valid="64-row tiles, or 128 with wgmma (16-bit rows TMA copies)")
     if forced not in ("", "sync", "wgmma"):
         raise CompileError(f"FUSIONC_MMA={forced!r}", op=g.name, loc=g.loc,
                            valid="unset, 'sync' (mma.sync + ldmatrix) or 'wgmma'")

@@ -21,6 +21,7 @@ from fusionc.lower.builder import KernelBuilder
 from fusionc.stream.ring import tma_rows
 
 ROWS = 64            # weight rows per tile (the tensor-core path's 4 strips of 16)
+WIDE_ROWS = 128      # the tensor-core path's wide tiles: one warpgroup per 64 rows, whole chunks
 ROW_CHUNK_BYTES = 256  # K chunk per tile row: 16 lanes x 16 bytes
 # Batch rows held in registers per path (issue 21 takes them to 256). The tensor-core path
 # holds 4 floats per 8 batch rows (an mma n-tile) per thread: 128 rows compile without spills on
@@ -75,7 +76,7 @@ def check_linear(op: Op, max_batch: int) -> None:
 
 
 def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
-                 spec=None) -> Graph:
+                 spec=None, rows: int = ROWS) -> Graph:
     """The plain streamed kernel of linear ``op`` (``acc_gemv`` on global tiles).
 
     Args:
@@ -86,14 +87,18 @@ def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
             per SM of an H200. The runtime launches min(resident CTAs, units, grid).
         spec: what the kernel absorbs (:class:`fusionc.lower.match_v2.LinearKernel`): an
             RMSNorm prologue, paired gate/up tiles, epilogue steps; default none.
+        rows: weight rows per tile: ``ROWS`` (64), or ``WIDE_ROWS`` (128, tensor cores only:
+            each activation box serves twice the weight rows, half the L2 reads per weight byte).
     Raises:
-        LoweringError: shapes the v2 linear does not take (:func:`check_linear`).
+        LoweringError: shapes the v2 linear does not take (:func:`check_linear`), or wide tiles
+            on the FMA paths.
     """
     from fusionc.lower.match_v2 import LinearKernel
-    return lower_chain([spec or LinearKernel(op, out=op.result)], name, max_batch, grid)
+    return lower_chain([spec or LinearKernel(op, out=op.result)], name, max_batch, grid, rows)
 
 
-def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None) -> Graph:
+def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None,
+                rows: int = ROWS) -> Graph:
     """One streamed kernel of a chain of linears (:func:`fusionc.lower.match_v2.chains`): a
     ``units`` region (phase) per linear, in order; phase ``p + 1`` reads phase ``p``'s output
     in K chunks whose producer groups' flushes signal a counter per chunk (``group_flush
@@ -107,6 +112,7 @@ def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None)
             max_batch = max(max_batch, x.type.shape[0])
     for op in ops:
         check_linear(op, max_batch)
+        _check_rows(op, rows)
     b = KernelBuilder(name, ops[0].loc)
     first = specs[0]
     norm = ()
@@ -117,33 +123,43 @@ def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None)
                          loc=first.norm.loc))
     else:
         px = b.param(first.linear.operands[0])
-    acc = b.op("acc_alloc", types=[TensorType(DType.f32, (px.type.shape[0], ROWS))],
+    acc = b.op("acc_alloc", types=[TensorType(DType.f32, (px.type.shape[0], rows))],
                hint="acc")
     count = 0
     for i, spec in enumerate(specs):
         nxt = specs[i + 1] if i + 1 < len(specs) else None
-        px, c = _phase(b, spec, acc, px, norm, i, nxt, specs[i - 1] if i else None)
+        px, c = _phase(b, spec, acc, px, norm, i, nxt, specs[i - 1] if i else None, rows)
         count, norm = max(count, c), ()
     grid = min(count, grid or H200.sms)
     return b.build(grid=grid, cluster=1, threads=256, max_batch=max_batch)
 
 
-def _geometry(spec) -> tuple[int, int, int]:
+def _check_rows(op: Op, rows: int) -> None:
+    w = op.operands[1].type
+    if rows == ROWS or rows == WIDE_ROWS and max_rows(w.dtype, w.shape[1]) == MAX_BATCH_MMA:
+        return
+    raise LoweringError(f"tiles of {rows} weight rows", op=op.name, loc=op.loc,
+                        valid=f"{ROWS}, or {WIDE_ROWS} on the tensor-core path (f16 / bf16 rows "
+                              "TMA copies)")
+
+
+def _geometry(spec, rows: int) -> tuple[int, int, int]:
     """(units, units per group, output columns per group) of one linear's phase."""
     n, k = spec.linear.operands[1].type.shape
     kt = -(-k // tile_cols(spec.linear.operands[1].type.dtype))
-    half = ROWS // 2 if spec.split else ROWS
+    half = rows // 2 if spec.split else rows
     return -(-(spec.split or n) // half) * kt, kt, half
 
 
-def _phase(b: KernelBuilder, spec, acc: Value, px: Value, norm: tuple, i: int, nxt, prev):
+def _phase(b: KernelBuilder, spec, acc: Value, px: Value, norm: tuple, i: int, nxt, prev,
+           rows: int):
     """Emit the units region of one linear; returns (its output, its units)."""
     op = spec.linear
     w = op.operands[1]
     bias = op.operands[2] if len(op.operands) == 3 else None
     n, k = w.type.shape
     cols = tile_cols(w.type.dtype)
-    count, kt, half = _geometry(spec)
+    count, kt, half = _geometry(spec, rows)
     pw = b.param(w)
     steps, extras = [], []
     if bias is not None:
@@ -160,13 +176,13 @@ def _phase(b: KernelBuilder, spec, acc: Value, px: Value, norm: tuple, i: int, n
         signal = {"signal": f"ready{i}", "per": per}
     with _units(b, count, kt):
         if prev is not None:
-            pcount, pkt, phalf = _geometry(prev)
+            pcount, pkt, phalf = _geometry(prev, rows)
             _attr_op(b, "counter_wait", op.loc, name=f"ready{i - 1}", slot="step",
                      target=cols // phalf, total=-(-pcount // pkt), reset="exit",
                      warp="producer")
-        b.op("acc_gemv", acc, px, pw, *norm, rows=ROWS, cols=cols, n=n, k=k, split=spec.split,
+        b.op("acc_gemv", acc, px, pw, *norm, rows=rows, cols=cols, n=n, k=k, split=spec.split,
              loc=op.loc)
-        b.op("group_flush", acc, py, *extras, rows=ROWS, epilogue=",".join(steps), loc=op.loc,
+        b.op("group_flush", acc, py, *extras, rows=rows, epilogue=",".join(steps), loc=op.loc,
              **signal)
     return py, count
 

@@ -2,7 +2,7 @@
 plan of streamed persistent kernels (``lowering = v2``). Each shows in ``fusionc ir --after
 NAME``:
 
-``partition-units{max_batch, grid, chain = true}``
+``partition-units{max_batch, grid, chain = true, rows = 64}``
     Every ``linear`` of a graph becomes a streamed kernel (:mod:`fusionc.lower.linear_v2`):
     ``acc_alloc``, then ``units {count, group}`` with ``acc_gemv`` on the global tiles and
     ``group_flush``; the graph launches it. With ``chain``, linears that feed each other
@@ -11,7 +11,9 @@ NAME``:
     producer waits on it (``counter_wait {slot = step, reset = exit}``). Other ops are refused
     by name (v2 lowers linear layers and the norm and elementwise ops around them so far;
     attention blocks take ``lowering = v1``). A batch bucket past the fused kernels' is refused
-    by name; ``fusionc.compile``'s default takes the library path there.
+    by name; ``fusionc.compile``'s default takes the library path there. ``rows``: weight rows
+    per tile, 64 or 128 (tensor cores: one warpgroup per 64 rows over whole chunks, so each
+    activation box serves twice the weight rows).
 ``stream-plan{stages}``
     Where TMA can copy the rows (row bytes a multiple of 16), the tiles come through a ring:
     ``ring_alloc``, ``ring_issue`` (the producer's copies), ``ring_stage`` views read by
@@ -46,17 +48,19 @@ V2_PIPELINE = "partition-units{{max_batch={mb}}},stream-plan,insert-barriers,sme
 CHAIN_ABOVE_ROWS = 8   # chained linears share a kernel above this batch bucket (see below)
 
 
-def v2_pipeline(max_batch: int, chain: bool | None = None) -> str:
+def v2_pipeline(max_batch: int, chain: bool | None = None, rows: int = 64) -> str:
     """The pipeline of ``lowering = v2``. ``chain``: chained linears (the MLP's gate/up and
     down) as the phases of one kernel (True) or one kernel each under programmatic dependent
     launch (False); default: chained above ``CHAIN_ABOVE_ROWS`` rows. Measured on an H200
     (2026-12-02, `benchmarks/mlp_block.py --compare-unchained`, same runs): one kernel is 8-10
     us faster at 16 rows (Llama-3-8B 104-106 vs 114-116 us) and 3-9 us slower at 1 and 4 rows
-    (100-107 vs 96-98 us; BENCHMARKS.md, issue 21)."""
+    (100-107 vs 96-98 us; BENCHMARKS.md, issue 21). ``rows``: weight rows per tile
+    (``partition-units{rows}``: 64, or 128 on tensor cores; not measured on a GPU yet)."""
     out = V2_PIPELINE.format(mb=max_batch)
     if chain is None:
         chain = max_batch > CHAIN_ABOVE_ROWS
-    return out if chain else out.replace("}", ", chain=false}", 1)
+    out = out if chain else out.replace("}", ", chain=false}", 1)
+    return out if rows == 64 else out.replace("}", f", rows={rows}}}", 1)
 
 
 def _op(name: str, operands=(), results=(), loc=None, regions=(), **attrs) -> Op:
@@ -87,12 +91,16 @@ class PartitionUnits(Pass):
     max_batch: int = 8
     grid: int = 0
     chain: bool = True     # chained linears as phases of one kernel (match_v2.chains)
+    rows: int = 64         # weight rows per tile (linear_v2.ROWS or WIDE_ROWS)
 
     def check_options(self) -> None:
-        """PassError for a batch bucket < 1 or a negative grid (0: one CTA per SM)."""
+        """PassError for a batch bucket < 1, a negative grid (0: one CTA per SM) or tiles of
+        other than 64 or 128 rows."""
         if self.max_batch < 1 or self.grid < 0:
             raise PassError(f"max_batch = {self.max_batch}, grid = {self.grid}", op=self.name,
                             valid="max_batch >= 1 and grid >= 0 (0: one CTA per SM)")
+        if self.rows not in (64, 128):
+            raise PassError(f"rows = {self.rows}", op=self.name, valid="64 or 128")
 
     def run(self, module: Module) -> Module:
         items = [g for g in module.graphs if g.kind == "kernel"]
@@ -138,7 +146,7 @@ class PartitionUnits(Pass):
             if chain[0] is not specs[id(op)]:
                 continue   # a later phase of the kernel launched at the chain's first linear
             k = lower_chain(chain, _kernel_name(g, i, module), self.max_batch,
-                            self.grid or None)
+                            self.grid or None, self.rows)
             outs = tuple(c.out for c in chain)
             ins = k.params[:len(k.params) - len(outs)]
             for v in ins:

@@ -374,3 +374,43 @@ def test_the_default_counts_static_rows_and_split_tokens():
     low = run_pipeline(Module((chain,)), pipe.replace("min_tokens=4096", "min_tokens=1"))
     calls = [op for op in low["chain"].body if op.name == "library_call"]
     assert len(calls) == 4 and sum(len(op.operands) == 3 for op in calls) == 2   # h, per block
+
+
+@pytest.mark.parametrize("graph, batch, mb, chain", [("mlp", 33, 64, True), ("mlp", 100, 128, False),
+                                                     ("chain", 17, 32, True), ("swiglu", 5, 8, True),
+                                                     ("norm_silu", 2, 2, True)])
+def test_wide_tiles_simulate_like_the_interpreter(graph, batch, mb, chain):
+    """partition-units{rows = 128}: one warpgroup per 64 weight rows over whole chunks."""
+    m = example("graphs_v2", hidden=256, inter=200, dtype="bf16")
+    g = Module((m[graph],))
+    args = inputs(m[graph], batch, [], np.random.default_rng(batch))
+    low = run_pipeline(g, v2_pipeline(mb, chain=chain, rows=128))
+    assert {op.attr("rows") for k in kernels(low) for op in k.walk() if op.name == "acc_gemv"} \
+        == {128}
+    out, = simulate(low, args)
+    ref, = interpret(g, args)
+    assert rel_err(out, ref) <= 1e-2
+
+
+@pytest.mark.parametrize("graph, mb", [("mlp", 64), ("linear", 128), ("swiglu", 4)])
+def test_wide_tiles_compile_without_spills(graph, mb):
+    from fusionc.codegen.compile import compile_kernel
+    m = run_pipeline(Module((example("graphs_v2", hidden=1000, inter=520)[graph],)),
+                     v2_pipeline(mb, rows=128))
+    for k in kernels(m):
+        ck = compile_kernel(k)
+        assert f"fc_acc_wgmma_smem<{-(-mb // 8)}, 128," in ck.source.source
+        assert "C7520" not in ck.log and ck.spills == 0
+
+
+def test_wide_tiles_off_the_wgmma_path_are_named(monkeypatch):
+    from fusionc.errors import PassError
+    m = example("graphs_v2", hidden=256, inter=200, dtype="f32")
+    with pytest.raises(LoweringError, match="tiles of 128 weight rows"):
+        run_pipeline(Module((m["mlp"],)), v2_pipeline(4, rows=128))
+    with pytest.raises(PassError, match="rows = 100"):
+        run_pipeline(Module((m["mlp"],)), "partition-units{max_batch=4, rows=100}")
+    monkeypatch.setenv("FUSIONC_MMA", "sync")
+    f16 = example("graphs_v2", hidden=256, inter=200, dtype="f16")
+    with pytest.raises(CompileError, match="tiles of 128 rows on the mma.sync path"):
+        run_pipeline(Module((f16["mlp"],)), v2_pipeline(4, rows=128))
