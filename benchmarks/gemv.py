@@ -254,6 +254,9 @@ def compile_point(p: dict, args, installed: str | None):
     import fusionc
     mod = gemv_module(p["n"], p["k"], p["dtype"], args.bias)
     kw = lowering_kwargs(args.lowering, installed)
+    if getattr(args, "fused", False):   # v2's fused kernels even where its default takes cuBLAS
+        from fusionc.passes.stream import v2_pipeline
+        kw = dict(lowering="v2", pipeline=v2_pipeline(p["batch"]))
     try:
         fn = fusionc.compile(mod, max_batch=p["batch"], **kw)
     except TypeError as e:
@@ -331,6 +334,9 @@ def parse_args(argv=None):
     ap.add_argument("--bias", action="store_true", help="y = x·Wᵀ + b")
     ap.add_argument("--lowering", choices=("v1", "v2"), default="v2",
                     help="fusionc's lowering (passed on when not the installed default)")
+    ap.add_argument("--fused", action="store_true",
+                    help="lowering v2's fused kernels at every batch (v2_pipeline), also where "
+                         "its cost table takes the library path")
     ap.add_argument("--compile-only", action="store_true",
                     help="only compile fusionc's kernels into the cubin cache (no GPU, no torch)")
     ap.add_argument("--no-torch", "--dry-run", dest="no_torch", action="store_true",

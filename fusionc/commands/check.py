@@ -98,7 +98,8 @@ def lowering_notes(name: str, lowered) -> list[str]:
     fused = f"{kernels} fused kernel launch(es)" if kernels else "no fused kernel"
     return [f"@{name}: {len(calls)} library call(s) (cuBLAS GEMMs for the linear layers, pass "
             "lower-library: many tokens, no block the fused kernels cover, or on lowering v2 "
-            "a batch past the fused kernels' bucket), the other ops as "
+            "a batch past the fused kernels' bucket or where the cost table measured it "
+            "faster), the other ops as "
             f"CuPy kernels; {fused}"]
 
 

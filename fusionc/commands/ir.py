@@ -124,7 +124,14 @@ def run_passes(module, args):
     if args.after:
         names = [p.name for p in passes]
         if args.after not in names:
-            raise PassError(f"--after {args.after}: no such pass in the pipeline",
+            why = ""
+            if "lower-library" in names and not args.passes and \
+                    getattr(args, "lowering", "v1") == "v2":
+                why = (f" (lowering v2 takes the library path at --max-batch {args.max_batch}:"
+                       " past the fused bucket or where the cost table measured it faster; the"
+                       " fused kernels: --passes \"$(python -c 'from fusionc.passes.stream"
+                       f" import v2_pipeline; print(v2_pipeline({args.max_batch}))')\")")
+            raise PassError(f"--after {args.after}: no such pass in the pipeline{why}",
                             valid=", ".join(names))
         passes = passes[:names.index(args.after) + 1]
     module = run_pipeline(module, passes)

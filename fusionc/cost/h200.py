@@ -45,9 +45,10 @@ class Device:
         """Whether lowering v2's library path measured faster (summed over the measured graphs)
         than its fused kernels at the smallest measured batch of at least ``rows`` rows (a
         batch bucket runs at its largest batch: 33-63 rows take the 64-row figures); False past
-        the table (the fused bucket decides there) or without one. The table holds fp16 MLPs;
-        lone linears agree (``benchmarks/gemv.py``: fused faster to 16 rows, even at 32, cuBLAS
-        faster from 64; BENCHMARKS.md, issue 21 step 3b)."""
+        the table (the fused bucket decides there) or without one. The table holds fp16 MLPs
+        and decides for every graph; lone linears favour cuBLAS more (``benchmarks/gemv.py``:
+        cuBLAS faster at 1-16 rows on two of four shapes, from 32 rows on three; BENCHMARKS.md,
+        issue 21 step 3b)."""
         at = [r for r in sorted(self.v2_paths_us) if r >= rows]
         if not at:
             return False
