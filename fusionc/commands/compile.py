@@ -129,12 +129,18 @@ def _lower(g, args, out: pathlib.Path):
         write_file(out / f"{g.name}.{stage[0]}-{spec.split('{')[0]}.fir", print_module(m))
     write_file(out / f"{g.name}.0-input.fir", print_module(Module((g,))))
     max_batch = args.max_batch or DEFAULT_MAX_BATCH
-    if getattr(args, "lowering", "v1") == "v2":
+    if getattr(args, "lowering", "v1") == "v2" and (args.cluster or args.scheme != "auto"):
+        from fusionc.errors import InputError
+        raise InputError(f"--cluster {args.cluster} / --scheme {args.scheme} with --lowering v2",
+                         valid="drop them: options of lowering v1's cluster kernels")
+    if args.passes:   # the default is not computed: its matcher may refuse what --passes takes
+        pipeline = args.passes
+    elif getattr(args, "lowering", "v1") == "v2":
         from fusionc.runtime.pipelines import v2_default_pipeline
-        default = v2_default_pipeline(g, max_batch)
+        pipeline = v2_default_pipeline(g, max_batch)
     else:
-        default = pipeline_for(g, max_batch, args.cluster, args.scheme)
-    return run_pipeline(Module((g,)), args.passes or default, on_stage=dump)
+        pipeline = pipeline_for(g, max_batch, args.cluster, args.scheme)
+    return run_pipeline(Module((g,)), pipeline, on_stage=dump)
 
 
 def _compile_kernels(lowered, name: str, out: pathlib.Path, done: set, only_launched: bool):

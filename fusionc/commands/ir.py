@@ -103,13 +103,21 @@ def parse_sizes(items: list[str]) -> dict:
 
 def _v2_default(module, args) -> str:
     """``fusionc.compile``'s v2 pipeline for ``--graph`` (or for every graph, when they agree;
-    else the fused one): :func:`fusionc.runtime.pipelines.v2_default_pipeline`."""
+    else a PassError naming them): :func:`fusionc.runtime.pipelines.v2_default_pipeline`."""
     from fusionc.passes.stream import v2_pipeline
     from fusionc.runtime.pipelines import v2_default_pipeline
     names = [args.graph] if getattr(args, "graph", None) in module.names else \
         [g.name for g in module.graphs if g.kind == "graph"]
-    found = {v2_default_pipeline(module[n], args.max_batch) for n in names}
-    return found.pop() if len(found) == 1 else v2_pipeline(args.max_batch)
+    found = {n: v2_default_pipeline(module[n], args.max_batch) for n in names}
+    if len(set(found.values())) > 1:
+        from fusionc.errors import PassError
+        lib = sorted(n for n, p in found.items() if p.endswith("lower-library"))
+        fused = sorted(n for n in found if n not in lib)
+        raise PassError(f"the graphs' lowering-v2 defaults differ at --max-batch "
+                        f"{args.max_batch}: fused kernels for {', '.join(fused)}, the library "
+                        f"path for {', '.join(lib)}", op="ir",
+                        valid="one of them with --graph NAME, or a pipeline with --passes")
+    return found.popitem()[1] if found else v2_pipeline(args.max_batch)
 
 
 def run_passes(module, args):

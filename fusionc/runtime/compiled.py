@@ -72,6 +72,13 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     codegen = _check_kinds(codegen, progress, pipeline, pdl, autotune)
     if lowering not in LOWERINGS:
         raise InputError(f"lowering = {lowering!r}", valid="'v1' or 'v2'")
+    if isinstance(pipeline, str) and not pipeline.strip():
+        raise InputError("pipeline = ''", valid="a pipeline of passes, e.g. "
+                         "fusionc.passes.stream.v2_pipeline(8), or None for the default")
+    if lowering == "v2" and (cluster != 0 or scheme != "auto" or autotune):
+        raise InputError(f"cluster = {cluster}, scheme = {scheme!r}, autotune = {autotune} "
+                         "with lowering = 'v2'", valid="cluster = 0, scheme = 'auto' and "
+                         "autotune = False: options of lowering v1's cluster kernels")
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
     check_fp32_attrs(module[name])

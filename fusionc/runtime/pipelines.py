@@ -41,7 +41,7 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     from fusionc.passes.stream import v2_pipeline
     top = fused_rows(g)
     rows = max([max_batch] + [op.operands[0].type.shape[0] for op in g.body
-                              if op.name == "linear" and
+                              if op.name == "linear" and op.operands[0].type.rank == 2 and
                               isinstance(op.operands[0].type.shape[0], int)])
     if top is not None and (rows > top or H200.v2_library_faster(rows)) or \
             split_tokens is not None:

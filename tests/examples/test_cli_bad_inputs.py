@@ -194,3 +194,34 @@ def test_bad_sizes_are_named(capsys, size, fragment):
 def test_a_size_given_twice_is_named(capsys):
     code, out, err = run_cli(capsys, "ir", LLAMA2, "-D", "hidden=256", "-D", "hidden=300")
     assert code == 1 and out == "" and "-D hidden given twice" in err, err
+
+
+# ---- lowering v2 on the command line (issue 21)
+
+GRAPHS_V2 = [str(EXAMPLES / "graphs_v2.py"), "-D", "hidden=256", "-D", "inter=200"]
+
+
+def test_ir_names_the_graphs_whose_v2_defaults_differ(capsys):
+    """At 17 rows the f16 graphs fuse but mlp_shard (rows TMA cannot copy: the FMA bucket is
+    16) takes the library path: one pipeline cannot show both."""
+    code, _, err = run_cli(capsys, "ir", *GRAPHS_V2, "--lowering", "v2", "--max-batch", 17,
+                           "--after", "smem-plan")
+    assert code == 1 and "defaults differ at --max-batch 17" in err and "mlp_shard" in err, err
+    code, out, _ = run_cli(capsys, "ir", *GRAPHS_V2, "--lowering", "v2", "--max-batch", 17,
+                           "--after", "smem-plan", "--graph", "mlp")
+    assert code == 0 and "ring_alloc" in out
+
+
+def test_compile_with_passes_does_not_run_the_v1_matcher(capsys, tmp_path, tmp_cache):
+    """--passes replaces the default pipeline, so v1's block matcher (which refuses an MLP
+    without its residual) is not consulted."""
+    code, out, err = run_cli(capsys, "compile", *GRAPHS_V2, "--graph", "swiglu", "-o", tmp_path,
+                             "--passes", "partition-units{max_batch=4},stream-plan,"
+                             "insert-barriers,smem-plan")
+    assert code == 0, err
+
+
+def test_v1_options_with_lowering_v2_are_refused(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "compile", *GRAPHS_V2, "--lowering", "v2", "--cluster", 4,
+                           "-o", tmp_path)
+    assert code == 1 and "with --lowering v2" in err, err

@@ -414,3 +414,21 @@ def test_wide_tiles_off_the_wgmma_path_are_named(monkeypatch):
     f16 = example("graphs_v2", hidden=256, inter=200, dtype="f16")
     with pytest.raises(CompileError, match="tiles of 128 rows on the mma.sync path"):
         run_pipeline(Module((f16["mlp"],)), v2_pipeline(4, rows=128))
+
+
+def test_v2_refuses_v1_options_and_an_empty_pipeline_by_name():
+    from fusionc.errors import InputError
+    m = example("graphs_v2", hidden=256, inter=200)
+    for kw in (dict(cluster=4), dict(scheme="splitn"), dict(pipeline=""), dict(pipeline=" ")):
+        with pytest.raises(InputError, match="cluster = 4|scheme = 'splitn'|pipeline = ''"):
+            fc.compile(m, "mlp", max_batch=4, lowering="v2", **kw)
+
+
+def test_a_rank_1_x_is_named_by_the_linear_on_the_default():
+    """K of a rank-1 x is not a static batch: the v2 default keeps the fused pipeline, whose
+    lowering names the linear's shape."""
+    @fc.graph
+    def g(x: fc.bf16[256], w: fc.bf16[512, 256]):
+        return fc.linear(x, w, name="y")
+    with pytest.raises(LoweringError, match=r"linear on x bf16\[256\]"):
+        fc.compile(g, max_batch=4, lowering="v2")
