@@ -47,6 +47,16 @@ def _only_use(name: str, use: dict, outputs: set) -> Op | None:
     return u[0] if len(u) == 1 and name not in outputs else None
 
 
+def unfused_ops(g: Graph) -> list[Op]:
+    """The ops of graph ``g`` that are no linear and that no v2 linear kernel absorbs: what
+    ``partition-units`` refuses by name, and what sends ``fusionc.compile``'s v2 default to the
+    library path (e.g. an elementwise graph without a linear, a norm with other uses)."""
+    found = linear_kernels(g)
+    folded = {id(o) for k in found for o in k.absorbed}
+    folded |= {id(k.norm) for k in found if k.norm is not None}
+    return [op for op in g.body if op.name != "linear" and id(op) not in folded]
+
+
 def linear_kernels(g: Graph) -> list[LinearKernel]:
     """The v2 linear kernels of graph ``g`` (see the module docstring), in program order."""
     use, outputs = users(g), {v.name for v in g.outputs}

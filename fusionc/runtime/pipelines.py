@@ -34,17 +34,25 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     (:func:`fusionc.lower.linear_v2.fused_rows`: 128 rows on tensor cores, 16 on the FMA
     paths) unless the cost table measured the library path faster at that batch
     (:meth:`fusionc.cost.h200.Device.v2_library_faster`: from 33 rows on an H200); the library
-    path (:func:`library_pipeline`) otherwise, or when ``split_tokens`` is given. The rows are
+    path (:func:`library_pipeline`) otherwise, when ``split_tokens`` is given, or when ops are
+    left that no fused kernel takes (:func:`fusionc.lower.match_v2.unfused_ops`: a graph
+    without a linear, an elementwise op before a linear, a norm with other uses) and the
+    library path runs them all (``HOST_ROWWISE``; others stay on the fused pipeline, whose
+    ``partition-units`` names them). The rows are
     ``max_batch`` or a linear's static batch, whichever is larger."""
     from fusionc.cost.h200 import H200
     from fusionc.lower.linear_v2 import fused_rows
+    from fusionc.ir.ops.tokens import HOST_ROWWISE
+    from fusionc.lower.match_v2 import unfused_ops
     from fusionc.passes.stream import v2_pipeline
     top = fused_rows(g)
     rows = max([max_batch] + [op.operands[0].type.shape[0] for op in g.body
                               if op.name == "linear" and op.operands[0].type.rank == 2 and
                               isinstance(op.operands[0].type.shape[0], int)])
+    left = unfused_ops(g)   # the library runs them, or partition-units names them
+    runs = bool(left) and all(op.name in HOST_ROWWISE for op in left)
     if top is not None and (rows > top or H200.v2_library_faster(rows)) or \
-            split_tokens is not None:
+            split_tokens is not None or runs:
         return library_pipeline(g, split_tokens, min_split_tokens)
     return v2_pipeline(max_batch)
 

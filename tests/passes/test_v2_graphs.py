@@ -432,3 +432,35 @@ def test_a_rank_1_x_is_named_by_the_linear_on_the_default():
         return fc.linear(x, w, name="y")
     with pytest.raises(LoweringError, match=r"linear on x bf16\[256\]"):
         fc.compile(g, max_batch=4, lowering="v2")
+
+
+def test_ops_no_fused_kernel_takes_send_the_default_to_the_library_path():
+    """fusionc.compile(lowering = 'v2') compiles graphs the fused kernels do not cover yet
+    (elementwise ops without a linear, one before a linear, a norm with other uses, a feature
+    split) on the library path; ops the library cannot run stay named by partition-units."""
+    @fc.graph
+    def eltwise(x: fc.f16["B", 256], y: fc.f16["B", 256], n: fc.f16[256]):
+        return fc.silu(fc.rms_norm(x, n, 1e-5)) * y + x
+
+    @fc.graph
+    def split_only(x: fc.f16["B", 256]):
+        a, b = fc.split(x, [128, 128], axis=1)
+        return fc.cast(fc.silu_mul(a, b), "f32")
+
+    @fc.graph
+    def before(x: fc.f16["B", 64], w: fc.f16[64, 64]):
+        return fc.linear(fc.silu(x), w, name="y")
+
+    @fc.graph
+    def shared_norm(x: fc.f16["B", 64], s: fc.f16[64], w: fc.f16[64, 64]):
+        h = fc.rms_norm(x, s, 1e-5, name="h")
+        return fc.linear(h, w, name="y") + h
+    for g, ops in ((eltwise, ["rms_norm", "silu", "mul", "add"]),
+                   (split_only, ["split", "silu_mul", "cast"]),
+                   (before, ["silu", "library_call"]),
+                   (shared_norm, ["rms_norm", "library_call", "add"])):
+        fn = fc.compile(g, max_batch=4, lowering="v2")
+        assert [op.name for op in fn.host.body] == ops and not fn.kernels
+    fused = fc.compile(example("graphs_v2", hidden=256, inter=200)["mlp"], max_batch=4,
+                       lowering="v2")
+    assert fused.kernels
