@@ -177,6 +177,11 @@ class StreamPlan(Pass):
     name = "stream-plan"
     stages: int = 2
 
+    def check_options(self) -> None:
+        """PassError for a ring of other than 2 to 16 stages (smem-plan deepens it later)."""
+        if not 2 <= self.stages <= 16:
+            raise PassError(f"stages = {self.stages}", op=self.name, valid="2 to 16")
+
     def run(self, module: Module) -> Module:
         return _kernels(module, self.plan)
 

@@ -464,3 +464,12 @@ def test_ops_no_fused_kernel_takes_send_the_default_to_the_library_path():
     fused = fc.compile(example("graphs_v2", hidden=256, inter=200)["mlp"], max_batch=4,
                        lowering="v2")
     assert fused.kernels
+
+
+@pytest.mark.parametrize("stages", [0, 1, 17])
+def test_a_ring_depth_out_of_range_is_named_by_stream_plan(stages):
+    from fusionc.errors import PassError
+    m = example("graphs_v2", hidden=256, inter=200)
+    with pytest.raises(PassError, match=f"'stream-plan'.*stages = {stages}"):
+        run_pipeline(Module((m["mlp"],)), f"partition-units{{max_batch=4}},"
+                     f"stream-plan{{stages={stages}}},insert-barriers,smem-plan")
