@@ -47,8 +47,8 @@ class Device:
         batch bucket runs at its largest batch: 33-63 rows take the 64-row figures); False past
         the table (the fused bucket decides there) or without one. The table holds fp16 MLPs
         and decides for every graph; lone linears favour cuBLAS more (``benchmarks/gemv.py``:
-        cuBLAS faster at 1-16 rows on two of four shapes, from 32 rows on three; BENCHMARKS.md,
-        issue 21 step 3b)."""
+        cuBLAS faster at some of 1 and 16 rows on three of four shapes, by 0.2-3.2 us, and
+        from 32 rows on three; BENCHMARKS.md, issue 21 step 3b)."""
         at = [r for r in sorted(self.v2_paths_us) if r >= rows]
         if not at:
             return False
