@@ -34,12 +34,14 @@ from fusionc.ir.ops.tile_units import in_producer, phases_of, units_op
 from fusionc.ir.registry import lookup
 from fusionc.ir.printer import print_graph
 from fusionc.ir.types import DType
+from fusionc.lower.linear_v2 import ROWS, WIDE_ROWS
 
-# Batch rows from which the tensor-core path issues wgmma (a warpgroup's m64nNk16 from shared
-# memory) instead of mma.sync + ldmatrix per warp: from 1 row (H200 2026-12-03, same run: the
-# Llama-2-7B / Llama-3-8B MLPs 2.4-3.2 us faster at 1-8 rows). FUSIONC_MMA=sync|wgmma overrides
-# it (A/B runs) up to SYNC_MAX_ROWS, past which mma.sync's fragments spill.
-WGMMA_FROM_ROWS = 1
+TILE_ROWS = (ROWS, WIDE_ROWS)   # weight rows per tile the generator takes
+
+# The tensor-core path issues wgmma (a warpgroup's m64nNk16 from shared memory) at every batch:
+# faster than mma.sync + ldmatrix per warp from 1 row (H200 2026-12-03, same run: the Llama-2-7B
+# / Llama-3-8B MLPs 2.4-3.2 us at 1-8 rows, every GEMV at 1 and 16 rows). FUSIONC_MMA=sync
+# keeps mma.sync for A/B runs, up to SYNC_MAX_ROWS (past them its fragments spill).
 SYNC_MAX_ROWS = 64
 CONSUMERS = 256           # consumer threads (8 warps): the thread maps of templates/lib/stream
 TOP_LEVEL = ("acc_alloc", "ring_alloc", "row_rms", "units")
@@ -96,6 +98,7 @@ class StreamPlan:
     scratch_off: int = 0
     rms_off: int = 0             # row_rms: max_batch floats, then 8 x max_batch (reduction)
     gamma_off: int = 0           # acc_gemv's norm weight, whole K chunks
+    wgmma: bool = False          # the tensor-core path on wgmma (else mma.sync: FUSIONC_MMA)
 
     @property
     def count(self) -> int:
@@ -114,14 +117,6 @@ class StreamPlan:
     def nb(self) -> int:
         return -(-self.max_batch // 8)
 
-    @property
-    def wgmma(self) -> bool:
-        """Whether the tensor-core path issues wgmma: from :data:`WGMMA_FROM_ROWS`, or as
-        ``$FUSIONC_MMA`` (``sync`` | ``wgmma``) says (checked by :func:`plan`)."""
-        forced = os.environ.get("FUSIONC_MMA", "")
-        if self.path != "mma":
-            return False
-        return forced == "wgmma" if forced else self.max_batch >= WGMMA_FROM_ROWS
 
 
 def is_streamed(kernel: Graph) -> bool:
@@ -144,7 +139,7 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
     v = 16 // dt.itemsize
     for ph in phases:
         if (ph.gemv.attr("rows"), ph.gemv.attr("cols")) != (rows, 16 * v) or rows not in \
-                (64, 128) or ph.gemv.operands[1].type.dtype != dt:
+                TILE_ROWS or ph.gemv.operands[1].type.dtype != dt:
             raise CompileError(f"tiles of {ph.gemv.attr('rows')} x {ph.gemv.attr('cols')}",
                                op=ph.gemv.name, loc=ph.gemv.loc,
                                valid=f"64 (or, on tensor cores, 128) rows x {16 * v} columns "
@@ -165,8 +160,8 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
     if ring is not None and check:
         for ph in phases:
             _check_protocol(ph.units, ring)
-    _check_mma_choice(g, mb, rows, path)
-    p = StreamPlan(kernel, phases, ring, path, rows, cols, mb)
+    p = StreamPlan(kernel, phases, ring, path, rows, cols, mb,
+                   wgmma=path == "mma" and _mma_choice(g, mb, rows, path) == "wgmma")
     if kernel.attr("threads") != p.threads:
         raise CompileError(f"{kernel.attr('threads')} threads", op=kernel.name, loc=kernel.loc,
                            valid=f"{p.threads}: {CONSUMERS} consumer threads" +
@@ -258,11 +253,11 @@ def _plan_counters(p: StreamPlan) -> None:
     p.words = words + 1   # the error word
 
 
-def _check_mma_choice(g: Op, max_batch: int, rows: int, path: str) -> None:
-    """CompileError for tiles of 128 rows off the wgmma path, or a ``$FUSIONC_MMA`` the
-    tensor-core path cannot follow."""
+def _mma_choice(g: Op, max_batch: int, rows: int, path: str) -> str:
+    """The tensor-core path's instructions, ``"wgmma"`` or ``"sync"`` (``$FUSIONC_MMA``);
+    CompileError for wide tiles off the wgmma path or an override the path cannot follow."""
     forced = os.environ.get("FUSIONC_MMA", "")
-    if rows == 128 and (path != "mma" or forced == "sync"):
+    if rows == WIDE_ROWS and (path != "mma" or forced == "sync"):
         raise CompileError(f"tiles of 128 rows on the {'mma.sync' if path == 'mma' else path} "
                            "path", op=g.name, loc=g.loc,
                            valid="64-row tiles, or 128 with wgmma (16-bit rows TMA copies)")
@@ -273,6 +268,7 @@ def _check_mma_choice(g: Op, max_batch: int, rows: int, path: str) -> None:
         raise CompileError(f"FUSIONC_MMA=sync at max_batch {max_batch}", op=g.name, loc=g.loc,
                            valid=f"max_batch <= {SYNC_MAX_ROWS} (mma.sync's fragments spill "
                                  "past it), or FUSIONC_MMA unset / 'wgmma'")
+    return forced or "wgmma"
 
 
 def _plan_smem(p: StreamPlan) -> None:

@@ -38,6 +38,7 @@ from fusionc.ir.kernel import SMEM_LIMIT
 from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.types import TensorType
+from fusionc.lower.linear_v2 import ROWS, WIDE_ROWS
 from fusionc.passes.base import Pass, register_pass
 from fusionc.stream.ring import pad_rows, tma_rows
 
@@ -48,7 +49,7 @@ V2_PIPELINE = "partition-units{{max_batch={mb}}},stream-plan,insert-barriers,sme
 CHAIN_ABOVE_ROWS = 8   # chained linears share a kernel above this batch bucket (see below)
 
 
-def v2_pipeline(max_batch: int, chain: bool | None = None, rows: int = 64) -> str:
+def v2_pipeline(max_batch: int, chain: bool | None = None, rows: int = ROWS) -> str:
     """The pipeline of ``lowering = v2``. ``chain``: chained linears (the MLP's gate/up and
     down) as the phases of one kernel (True) or one kernel each under programmatic dependent
     launch (False); default: chained above ``CHAIN_ABOVE_ROWS`` rows. Measured on an H200
@@ -60,7 +61,7 @@ def v2_pipeline(max_batch: int, chain: bool | None = None, rows: int = 64) -> st
     if chain is None:
         chain = max_batch > CHAIN_ABOVE_ROWS
     out = out if chain else out.replace("}", ", chain=false}", 1)
-    return out if rows == 64 else out.replace("}", f", rows={rows}}}", 1)
+    return out if rows == ROWS else out.replace("}", f", rows={rows}}}", 1)
 
 
 def _op(name: str, operands=(), results=(), loc=None, regions=(), **attrs) -> Op:
@@ -91,7 +92,7 @@ class PartitionUnits(Pass):
     max_batch: int = 8
     grid: int = 0
     chain: bool = True     # chained linears as phases of one kernel (match_v2.chains)
-    rows: int = 64         # weight rows per tile (linear_v2.ROWS or WIDE_ROWS)
+    rows: int = ROWS       # weight rows per tile (or WIDE_ROWS: tensor cores)
 
     def check_options(self) -> None:
         """PassError for a batch bucket < 1, a negative grid (0: one CTA per SM) or tiles of
@@ -99,8 +100,8 @@ class PartitionUnits(Pass):
         if self.max_batch < 1 or self.grid < 0:
             raise PassError(f"max_batch = {self.max_batch}, grid = {self.grid}", op=self.name,
                             valid="max_batch >= 1 and grid >= 0 (0: one CTA per SM)")
-        if self.rows not in (64, 128):
-            raise PassError(f"rows = {self.rows}", op=self.name, valid="64 or 128")
+        if self.rows not in (ROWS, WIDE_ROWS):
+            raise PassError(f"rows = {self.rows}", op=self.name, valid=f"{ROWS} or {WIDE_ROWS}")
 
     def run(self, module: Module) -> Module:
         items = [g for g in module.graphs if g.kind == "kernel"]

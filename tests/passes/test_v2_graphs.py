@@ -215,7 +215,7 @@ WG, SYNC = "fc_acc_wgmma_smem", "fc_acc_mma_smem"
                                                    ("f16", 64, "sync", SYNC),
                                                    ("bf16", 1, "wgmma", WG)])
 def test_tensor_cores_issue_wgmma_from_the_measured_batch(dtype, mb, forced, fn, monkeypatch):
-    """The tensor-core path's consumer: a warpgroup's wgmma from WGMMA_FROM_ROWS (1), mma.sync
+    """The tensor-core path's consumer: a warpgroup's wgmma from 1 row, mma.sync
     when FUSIONC_MMA=sync asks for it (up to 64 rows), the norm prologue in place on the
     activation box, compiled without ptxas serializing the wgmma (C7520) or spilling."""
     from fusionc.codegen.compile import compile_kernel
