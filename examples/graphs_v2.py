@@ -13,6 +13,9 @@ that absorbs the norm before it and the elementwise ops after it (``fusionc/lowe
   all-reduce adds the ranks' partial sums).
 - ``@linear`` and ``@chain``: a lone linear, and two chained linears with a bias and a cast
   (one kernel of two phases, like the MLP).
+- ``@heads``: a projection viewed as 4 heads (``split_heads``), SiLU on the heads, merged back
+  (``merge_heads``) into the next linear: ``fold-views`` moves the views past the SiLU and
+  cancels them, so this is ``@chain``'s kernel with a SiLU epilogue.
 
     fusionc ir examples/graphs_v2.py --lowering v2 --after partition-units -D hidden=256 -D inter=200 \
         --max-batch 16
@@ -57,4 +60,9 @@ def build(hidden: int = 4096, inter: int = 14336, dtype: str = "bf16") -> fc.ir.
         h = fc.linear(x, w1, b1, name="h")
         return fc.cast(fc.linear(h, w2, name="y"), "f32")
 
-    return fc.module(swiglu, norm_silu, mlp, mlp_shard, linear, chain)
+    @fc.graph
+    def heads(x: T["B", hidden], w1: T[inter, hidden], w2: T[hidden, inter]):
+        h = fc.split_heads(fc.linear(x, w1, name="h"), 4, name="hh")
+        return fc.linear(fc.merge_heads(fc.silu(h, name="a"), name="m"), w2, name="y")
+
+    return fc.module(swiglu, norm_silu, mlp, mlp_shard, linear, chain, heads)

@@ -28,9 +28,9 @@ class Device:
     cta_l2_bandwidth: float = 100e9   # one CTA reading partials from L2, bytes/s (estimate)
     grid_reduce_s: float = 2e-6      # fence + atomic arrival + tail latency (estimate)
     smem_reserved_per_block: int = 1024  # the hardware's own shared memory per CTA (sm_90)
-    # lowering v2's fused kernels against its library path, us by batch rows (max_batch = the
-    # batch): {rows: ((fused, library) per measured graph)}
-    v2_paths_us: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # lowering v2's paths, us by batch rows (max_batch = the batch): {rows: ((fused, wide,
+    # library) per measured graph)}; see v2_path
+    v2_paths_us: dict[int, tuple[tuple[float, float, float], ...]] = field(default_factory=dict)
 
     def resident(self, grid: int, size: int, blocks: int = 1) -> bool:
         """Whether ``grid`` clusters of ``size`` CTAs are all resident at once, what kernels whose
@@ -41,19 +41,21 @@ class Device:
         ``fusionc.runtime.launch``)."""
         return grid <= max(1, blocks) * self.resident_clusters.get(size, 0)
 
-    def v2_library_faster(self, rows: int) -> bool:
-        """Whether lowering v2's library path measured faster (summed over the measured graphs)
-        than its fused kernels at the smallest measured batch of at least ``rows`` rows (a
-        batch bucket runs at its largest batch: 33-63 rows take the 64-row figures); False past
-        the table (the fused bucket decides there) or without one. The table holds fp16 MLPs
-        and decides for every graph; lone linears favour cuBLAS more (``benchmarks/gemv.py``:
-        cuBLAS faster at some of 1 and 16 rows on three of four shapes, by 0.2-3.2 us, and
-        from 32 rows on three; BENCHMARKS.md, issue 21 step 3b)."""
+    def v2_path(self, rows: int) -> str | None:
+        """Lowering v2's measured-fastest path at ``rows`` batch rows: ``"fused"`` (fused
+        kernels of 64-row weight tiles), ``"wide"`` (128-row tiles, tensor cores only) or
+        ``"library"`` (cuBLAS GEMMs), by the smallest sum over the measured graphs at the
+        smallest measured batch of at least ``rows`` (a batch bucket runs at its largest batch:
+        33-63 rows take the 64-row figures); None past the table or without one (the fused
+        bucket decides there). The table holds fp16 MLPs and decides for every graph; lone
+        linears favour cuBLAS more (``benchmarks/gemv.py``: cuBLAS faster at some of 1 and 16
+        rows on three of four shapes, by 0.2-3.2 us, and from 32 rows on three; BENCHMARKS.md,
+        issue 21 step 3b)."""
         at = [r for r in sorted(self.v2_paths_us) if r >= rows]
         if not at:
-            return False
-        times = self.v2_paths_us[at[0]]
-        return sum(lib for _, lib in times) < sum(fused for fused, _ in times)
+            return None
+        sums = [sum(t[i] for t in self.v2_paths_us[at[0]]) for i in range(3)]
+        return ("fused", "wide", "library")[sums.index(min(sums))]
 
     def collective_time(self, size: int, payload: int) -> float:
         """Seconds for one collective over ``payload`` bytes per CTA (log-linear interpolation
@@ -83,12 +85,18 @@ H200 = Device(
         8: {256: 2.04e-6, 1024: 2.91e-6, 4096: 8.09e-6, 16384: 28.8e-6},
         16: {256: 3.73e-6, 1024: 5.52e-6, 4096: 16.1e-6, 16384: 58.8e-6},
     },
-    # The Llama-2-7B and Llama-3-8B MLP blocks, fp16, 2026-12-03 (BENCHMARKS.md, issue 21 step
-    # 3b: `python3 benchmarks/mlp_block.py --compare-library --batch 1,4,8,16,32,64,128`)
+    # The Llama-2-7B and Llama-3-8B MLP blocks, fp16, 2026-12-03, `python3 benchmarks/mlp_block.py`
+    # (BENCHMARKS.md, issue 21 step 3c): fused and wide at 1-16 rows, wide and library at 32-64
+    # from `--compare-wide` (one run, 8 models); library at 1-16 and fused at 32-128 from
+    # `--compare-library` (step 3b, run 3); wide and library at 128 from `--compare-wide
+    # --batch 1,16,32,64,128 --models Llama-2-7B,Llama-3-8B` (step 3c, run 1)
     v2_paths_us={
-        1: ((75.1, 84.9), (95.3, 102.3)), 4: ((75.7, 85.8), (95.5, 100.8)),
-        8: ((78.9, 86.5), (96.0, 105.2)), 16: ((82.4, 87.6), (100.6, 105.5)),
-        32: ((89.0, 90.5), (107.9, 108.5)), 64: ((107.9, 95.1), (136.2, 118.8)),
-        128: ((180.8, 105.3), (221.8, 131.3)),
+        1: ((74.7, 74.6, 84.9), (94.1, 93.1, 102.3)),
+        4: ((76.4, 76.8, 85.8), (95.3, 93.7, 100.8)),
+        8: ((78.8, 77.4, 86.5), (95.5, 94.7, 105.2)),
+        16: ((81.6, 79.2, 87.6), (100.6, 96.0, 105.5)),
+        32: ((89.0, 84.9, 88.5), (107.9, 101.7, 107.9)),
+        64: ((107.9, 101.5, 95.9), (136.2, 118.4, 116.1)),
+        128: ((180.8, 164.8, 105.8), (221.8, 198.1, 133.1)),
     },
 )

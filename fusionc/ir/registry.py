@@ -96,7 +96,8 @@ class OpDef:
         traits: facts generic code asks for instead of comparing names (xDSL style):
             ``producer`` (run by a streamed kernel's producer warp), ``stream`` (takes part in
             the shared-memory ring protocol), ``units`` (a work-unit loop), ``accumulates``
-            (updates an accumulator operand in place), ``counter`` (a grid-level counter).
+            (updates an accumulator operand in place), ``counter`` (a grid-level counter),
+            ``elementwise`` (same-shape operands, computed per element: commutes with views).
     """
 
     name: str

@@ -43,7 +43,7 @@ def max_rows(dtype: DType, k) -> int:
 def fused_rows(g: Graph) -> int | None:
     """The largest batch bucket every linear of graph ``g`` takes on lowering v2 (None: no
     linear); above it ``fusionc.compile`` takes the library path (also below it, where
-    ``fusionc.cost.h200.Device.v2_library_faster`` says so)."""
+    ``fusionc.cost.h200.Device.v2_path`` says so)."""
     tops = [max_rows(op.operands[0].type.dtype, op.operands[1].type.shape[1])
             for op in g.body if op.name == "linear"]
     return min(tops) if tops else None

@@ -5,9 +5,10 @@
 - ``fuse`` (:mod:`.fuse`): merges independent consecutive launches into one kernel.
 - design v2 (``lowering = v2``, :mod:`.stream`): ``partition-units`` (the unit schedule),
   ``stream-plan`` (tiles through a TMA-fed ring), ``insert-barriers`` (the ring's waits and
-  proxy fences), ``smem-plan`` (ring depth from the shared-memory budget).
+  proxy fences), ``smem-plan`` (ring depth from the shared-memory budget); before them
+  ``fold-views`` (:mod:`.fold_views`: views moved past elementwise ops and cancelled).
 """
-from fusionc.passes import fuse, fuse_allreduce_norm, lower_library  # noqa: F401
+from fusionc.passes import fold_views, fuse, fuse_allreduce_norm, lower_library  # noqa: F401
 from fusionc.passes import partition_cluster, split_tokens, stream  # noqa: F401
 from fusionc.passes.base import PASSES, Pass, register_pass
 from fusionc.passes.pipeline import DEFAULT_PIPELINE, parse_pipeline, run_pipeline

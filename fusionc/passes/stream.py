@@ -43,7 +43,7 @@ from fusionc.passes.base import Pass, register_pass
 from fusionc.stream.ring import pad_rows, tma_rows
 
 PRODUCER_THREADS = 288   # 8 consumer warps + the producer warp (fusionc.codegen.streamed)
-V2_PIPELINE = "partition-units{{max_batch={mb}}},stream-plan,insert-barriers,smem-plan"
+V2_PIPELINE = "fold-views,partition-units{{max_batch={mb}}},stream-plan,insert-barriers,smem-plan"
 
 
 CHAIN_ABOVE_ROWS = 8   # chained linears share a kernel above this batch bucket (see below)
@@ -56,7 +56,8 @@ def v2_pipeline(max_batch: int, chain: bool | None = None, rows: int = ROWS) -> 
     (2026-12-02, `benchmarks/mlp_block.py --compare-unchained`, same runs): one kernel is 8-10
     us faster at 16 rows (Llama-3-8B 104-106 vs 114-116 us) and 3-9 us slower at 1 and 4 rows
     (100-107 vs 96-98 us; BENCHMARKS.md, issue 21). ``rows``: weight rows per tile
-    (``partition-units{rows}``: 64, or 128 on tensor cores; not measured on a GPU yet)."""
+    (``partition-units{rows}``: 64, or 128 on tensor cores; 128 measured faster at 1-32 rows,
+    slower from 64: ``fusionc.cost.h200.Device.v2_path``)."""
     out = V2_PIPELINE.format(mb=max_batch)
     if chain is None:
         chain = max_batch > CHAIN_ABOVE_ROWS
@@ -132,6 +133,11 @@ class PartitionUnits(Pass):
                                 op=self.name, loc=op.loc, valid="partition-units once, on graph IR")
             if id(op) in folded:
                 continue
+            if op.name == "reshape":
+                raise LoweringError("a view that fold-views does not cancel", op=op.name,
+                                    loc=op.loc, valid="views between a linear and the next, "
+                                    "past elementwise ops (run fold-views first: v2_pipeline "
+                                    "does); graph inputs and outputs in their flat form")
             if op.name != "linear":
                 raise LoweringError("not lowered by lowering v2 yet", op=op.name, loc=op.loc,
                                     valid="linear layers with an rms_norm before them and "

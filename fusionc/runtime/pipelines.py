@@ -20,10 +20,10 @@ def pipeline_for(g: Graph, max_batch: int, cluster: int = 0, scheme: str = "auto
 
 def library_pipeline(g: Graph, split_tokens: int | None = None,
                      min_split_tokens: int = 4096) -> str:
-    """The library path: linears as cuBLAS GEMMs (``lower-library``), the rest as CuPy
-    kernels; with collectives, the tokens cut into ``split_tokens`` blocks (default 2)."""
+    """The library path: views folded (``fold-views``), linears as cuBLAS GEMMs
+    (``lower-library``), the rest as CuPy kernels; with collectives, the tokens cut into ``split_tokens`` blocks (default 2)."""
     parts = split_tokens if split_tokens is not None else (2 if _has_collectives(g) else 1)
-    return (f"fuse-allreduce-norm,split-tokens{{parts={parts},"
+    return (f"fold-views,fuse-allreduce-norm,split-tokens{{parts={parts},"
             f"min_tokens={min_split_tokens}}},lower-library")
 
 
@@ -32,28 +32,34 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     """``lowering = v2``'s pipeline for ``g``: fused streamed kernels
     (:func:`fusionc.passes.stream.v2_pipeline`) up to the batch bucket every linear takes
     (:func:`fusionc.lower.linear_v2.fused_rows`: 128 rows on tensor cores, 16 on the FMA
-    paths) unless the cost table measured the library path faster at that batch
-    (:meth:`fusionc.cost.h200.Device.v2_library_faster`: from 33 rows on an H200); the library
-    path (:func:`library_pipeline`) otherwise, when ``split_tokens`` is given, or when ops are
-    left that no fused kernel takes (:func:`fusionc.lower.match_v2.unfused_ops`: a graph
-    without a linear, an elementwise op before a linear, a norm with other uses) and the
-    library path runs them all (``HOST_ROWWISE``; others stay on the fused pipeline, whose
-    ``partition-units`` names them). The rows are
-    ``max_batch`` or a linear's static batch, whichever is larger."""
+    paths), of 128-row weight tiles (chained) where every linear is on tensor cores and the
+    cost table measured them fastest, unless it measured the library path fastest
+    (:meth:`fusionc.cost.h200.Device.v2_path`: wide tiles at 1-32 rows, the library path from
+    33 rows on an H200); the library path (:func:`library_pipeline`) otherwise, when
+    ``split_tokens`` is given, or when ops are left that no fused kernel takes
+    (:func:`fusionc.lower.match_v2.unfused_ops`: a graph without a linear, an elementwise op
+    before a linear, a norm with other uses) and the library path runs them all
+    (``HOST_ROWWISE``; others stay on the fused pipeline, whose ``partition-units`` names
+    them). The rows are ``max_batch`` or a linear's static batch, whichever is larger."""
     from fusionc.cost.h200 import H200
-    from fusionc.lower.linear_v2 import fused_rows
+    from fusionc.lower.linear_v2 import MAX_BATCH_MMA, WIDE_ROWS, fused_rows
     from fusionc.ir.ops.tokens import HOST_ROWWISE
     from fusionc.lower.match_v2 import unfused_ops
+    from fusionc.passes.fold_views import fold_views
     from fusionc.passes.stream import v2_pipeline
+    g = fold_views(g)   # the pipelines' first pass: decide on the graph it leaves
     top = fused_rows(g)
     rows = max([max_batch] + [op.operands[0].type.shape[0] for op in g.body
                               if op.name == "linear" and op.operands[0].type.rank == 2 and
                               isinstance(op.operands[0].type.shape[0], int)])
     left = unfused_ops(g)   # the library runs them, or partition-units names them
     runs = bool(left) and all(op.name in HOST_ROWWISE for op in left)
-    if top is not None and (rows > top or H200.v2_library_faster(rows)) or \
+    path = H200.v2_path(rows)
+    if top is not None and (rows > top or path == "library") or \
             split_tokens is not None or runs:
         return library_pipeline(g, split_tokens, min_split_tokens)
+    if path == "wide" and top == MAX_BATCH_MMA:
+        return v2_pipeline(max_batch, chain=True, rows=WIDE_ROWS)
     return v2_pipeline(max_batch)
 
 

@@ -3,7 +3,7 @@ each against the float64 interpreter on fresh random inputs, outputs poisoned fi
 MLP block (RMSNorm prologue, paired gate/up tiles with the SwiGLU epilogue, the residual
 epilogue) at batch 1–16 in f16 and bf16, an intermediate size that is no multiple of 1024, the
 plain-load path (rows TMA cannot copy), separate gate/up weights (silu and mul epilogues), a
-bias + cast chain, batch 17–128 on tensor cores (wgmma), the library path above the fused
+bias + cast chain, views folded away (split_heads → SiLU → merge_heads), batch 17–128 on tensor cores (wgmma), the library path above the fused
 kernels' batch bucket (129–256 rows; 17 and 32 on the FMA paths), and 200 CUDA-graph replays of the MLP. Chained linears (the MLP's gate/up
 then down, ``@chain``) run as the phases of one persistent kernel wherever every row can be
 copied by TMA, also on grids of 1 and 5 CTAs."""
@@ -31,13 +31,19 @@ CASES = [("mlp", 4096, 11008, "f16", 1, 1), ("mlp", 4096, 14336, "bf16", 3, 4),
          ("mlp", 2048, 5504, "f16", 17, 32), ("mlp", 4096, 14336, "bf16", 33, 64),
          ("mlp", 4096, 11008, "f16", 64, 64), ("swiglu", 3072, 8200, "bf16", 48, 64),
          ("chain", 2048, 1000, "f16", 64, 64), ("mlp", 4096, 11008, "f16", 100, 128),
-         ("swiglu", 4096, 11008, "bf16", 128, 128), ("chain", 2048, 1000, "f16", 65, 128)]
+         ("swiglu", 4096, 11008, "bf16", 128, 128), ("chain", 2048, 1000, "f16", 65, 128),
+         ("heads", 4096, 11008, "f16", 4, 4), ("heads", 2048, 1000, "bf16", 40, 64)]
 # above the fused kernels' batch bucket (fused_rows: 128 rows on tensor cores, 16 on the FMA
 # paths) fusionc.compile takes the library path (cuBLAS GEMMs, CuPy elementwise kernels)
 LIB_CASES = [("mlp", 4096, 11008, "f16", 160, 160), ("mlp", 4096, 14336, "bf16", 255, 255),
              ("mlp", 4096, 14336, "f16", 256, 256), ("swiglu", 4096, 11008, "bf16", 129, 129),
              ("chain", 2048, 1000, "f16", 129, 129), ("mlp", 1003, 500, "f16", 32, 32),
              ("mlp_shard", 4096, 7168, "bf16", 200, 200), ("norm_silu", 3072, 8192, "f32", 17, 17)]
+# 128 weight rows per tile (partition-units{rows=128}: each activation box serves two warpgroups)
+WIDE_CASES = [("mlp", 4096, 11008, "f16", 1, 1), ("mlp", 4096, 14336, "bf16", 16, 16),
+              ("swiglu", 3072, 8200, "bf16", 48, 64), ("mlp", 4096, 11008, "f16", 100, 128),
+              ("chain", 2048, 1000, "f16", 65, 128), ("mlp_shard", 4096, 7168, "bf16", 5, 8),
+              ("norm_silu", 3072, 8192, "f16", 32, 32), ("heads", 4096, 14336, "bf16", 16, 16)]
 
 
 def _module(case):
@@ -46,12 +52,13 @@ def _module(case):
     return load_file(str(EXAMPLE), hidden=hidden, inter=inter, dtype=dt)
 
 
-def compiled(case, chain=True):
+def compiled(case, chain=True, rows=64):
     """The case on lowering v2; ``chain``: chained linears in one kernel of phases (True) or
-    one kernel each (False), whatever the default picks for the batch."""
+    one kernel each (False), whatever the default picks for the batch; ``rows``: weight rows
+    per tile."""
     from fusionc.passes.stream import v2_pipeline
     return fc.compile(_module(case), case[0], max_batch=case[5], lowering="v2",
-                      pipeline=v2_pipeline(case[5], chain=chain))
+                      pipeline=v2_pipeline(case[5], chain=chain, rows=rows))
 
 
 def precompile():
@@ -60,6 +67,8 @@ def precompile():
             compiled(case, chain)
     for case in LIB_CASES:
         compiled_default(case)
+    for case in WIDE_CASES:
+        compiled(case, rows=128)
 
 
 def compiled_default(case):
@@ -114,6 +123,24 @@ def test_graph_v2_against_float64(case, chain):
     assert all(lk.errors() == 0 and int(lk.counters.sum()) == 0 for lk in loaded)
 
 
+@pytest.mark.parametrize("case", WIDE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_graph_v2_wide_tiles_against_float64(case):
+    """128 weight rows per tile: warpgroup w takes rows 64w..64w+63 of the tile over both K
+    halves of every activation box."""
+    m = _module(case)
+    g = m[case[0]]
+    fn = compiled(case, rows=128)
+    args = _inputs(g, case, np.random.default_rng())
+    ref, = interpret(m, args, graph=case[0], precise=True)
+    out, _, _ = _run(fn, g, args, case[3])
+    err = rel(out, ref)
+    loaded = list(fn._loaded.values())
+    record("graphs v2", "-".join(map(str, case)) + " rows=128", f"{err:.1e}")
+    assert np.isfinite(out).all() and err <= 1e-2
+    assert len(loaded) == _kernels(case, True)
+    assert all(lk.errors() == 0 and int(lk.counters.sum()) == 0 for lk in loaded)
+
+
 @pytest.mark.parametrize("case", LIB_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_graph_v2_library_path_against_float64(case):
     """Past the fused batch bucket: GEMMs (with the bias), RMSNorm, SiLU, SiLU·mul, mul, add and
@@ -136,7 +163,7 @@ def _kernels(case, chain) -> int:
     item = DType(dt).itemsize
     ring = chain and hidden * item % 16 == 0 and inter * item % 16 == 0
     return {"mlp": 1 if ring else 2, "mlp_shard": 1 if ring else 2, "chain": 1 if ring else 2,
-            "swiglu": 2, "norm_silu": 1}[name]
+            "heads": 1 if ring else 2, "swiglu": 2, "norm_silu": 1}[name]
 
 
 def _mlp():

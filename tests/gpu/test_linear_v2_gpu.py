@@ -28,6 +28,17 @@ CASES = [(4096, 4096, "f16", 1, 1, False), (4096, 4096, "bf16", 3, 4, True),
          (4096, 4096, "bf16", 128, 128, True), (300, 1003, "f16", 20, 20, True)]
 
 
+# 128 weight rows per tile (partition-units{rows=128})
+WIDE_CASES = [(4096, 4096, "f16", 1, 1, False), (4096, 4096, "bf16", 128, 128, True),
+              (1000, 4104, "f16", 40, 64, True), (14336, 4096, "bf16", 64, 64, False),
+              (200, 520, "f16", 3, 4, True)]
+
+
+def wide(case):
+    from fusionc.passes.stream import v2_pipeline
+    return v2_pipeline(case[4], rows=128)
+
+
 def compiled(case, pipeline=None):
     n, k, dt, _, mb, bias = case
     return fc.compile(linear_graph(n, k, dt, bias), max_batch=mb, lowering="v2",
@@ -37,6 +48,8 @@ def compiled(case, pipeline=None):
 def precompile():
     for case in CASES:
         compiled(case)
+    for case in WIDE_CASES:
+        compiled(case, wide(case))
     compiled(GRAPH_CASE)
     compiled(WAVES_CASE, WAVES_PIPELINE)
     chain_compiled()
@@ -70,9 +83,13 @@ def _tol(dt):
     return 1e-4 if dt == "f32" else 1e-2
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
-def test_linear_v2_against_float64(case):
-    fn = compiled(case)
+@pytest.mark.parametrize("case, tiles", [(c, "default") for c in CASES] +
+                         [(c, "rows=128") for c in WIDE_CASES],
+                         ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else c)
+def test_linear_v2_against_float64(case, tiles):
+    """The default pipeline (128-row tiles at 1-32 rows, cuBLAS from 33 rows), and 128-row
+    tiles forced up to 128 rows."""
+    fn = compiled(case, None if tiles == "default" else wide(case))
     args, ref = _inputs(case, np.random.default_rng())
     out, _, _ = _call(fn, case, args)
     err = rel(out, ref)
@@ -81,7 +98,7 @@ def test_linear_v2_against_float64(case):
         record("linear v2", "x".join(map(str, case)), f"{err:.1e}, library path")
         return
     lk = next(iter(fn._loaded.values()))
-    record("linear v2", "x".join(map(str, case)), f"{err:.1e} on {lk.grid} CTAs")
+    record("linear v2", "x".join(map(str, case)) + f" {tiles}", f"{err:.1e} on {lk.grid} CTAs")
     assert lk.errors() == 0
     assert int(lk.counters.sum()) == 0   # self-resetting
 

@@ -33,7 +33,7 @@ def phases(k) -> list:
 
 
 def test_mlp_is_one_kernel_of_two_phases_with_prologue_pair_and_residual():
-    m = run_pipeline(example("graphs_v2", hidden=256, inter=200), "partition-units{max_batch=4}")
+    m = run_pipeline(example("graphs_v2", hidden=256, inter=200), "fold-views,partition-units{max_batch=4}")
     k, = kernels(Module(tuple(g for g in m.graphs if g.name.startswith("mlp_k"))))
     assert [op.name for op in k.body] == ["row_rms", "acc_alloc", "units", "units"]
     p1, p2 = phases(k)
@@ -60,7 +60,7 @@ def test_the_default_chains_above_eight_rows():
 
 def test_chain_false_keeps_one_kernel_per_linear():
     m = run_pipeline(example("graphs_v2", hidden=256, inter=200),
-                     "partition-units{max_batch=4, chain=false}")
+                     "fold-views,partition-units{max_batch=4, chain=false}")
     ks = [g for g in kernels(m) if g.name.startswith("mlp_k")]
     assert [len(phases(k)) for k in ks] == [1, 1]
     assert [op.name for op in m["mlp"].body] == ["launch", "launch"]
@@ -77,22 +77,26 @@ def test_a_chain_stops_where_the_next_epilogue_reads_a_later_value():
 
 
 def test_separate_gate_and_up_weights_fold_silu_then_mul():
-    m = run_pipeline(example("graphs_v2", hidden=256, inter=200), "partition-units{max_batch=2}")
+    m = run_pipeline(example("graphs_v2", hidden=256, inter=200), "fold-views,partition-units{max_batch=2}")
     flushes = [next(op for op in k.body if op.name == "units").regions[0][-1]
                for k in kernels(m) if k.name.startswith("swiglu_k")]
     assert [f.attr("epilogue") for f in flushes] == ["round_bf16,silu", "round_bf16,mul"]
 
 
-@settings(max_examples=8, deadline=None)
-@given(graph=st.sampled_from(["swiglu", "norm_silu", "mlp", "mlp_shard", "linear", "chain"]),
+@settings(max_examples=12, deadline=None)
+@given(graph=st.sampled_from(["swiglu", "norm_silu", "mlp", "mlp_shard", "linear", "chain",
+                              "heads"]),
        hidden=st.sampled_from([128, 256, 520, 1003]), inter=st.sampled_from([64, 200, 328]),
        dtype=st.sampled_from(["f16", "bf16", "f32"]), batch=st.integers(1, 5),
-       seed=st.integers(0, 2**16), chain=st.booleans())
+       seed=st.integers(0, 2**16), chain=st.booleans(), wide=st.booleans())
 def test_example_graphs_simulate_like_the_interpreter(graph, hidden, inter, dtype, batch, seed,
-                                                      chain):
+                                                      chain, wide):
+    """Every example graph, 64- or 128-row tiles (where every linear is on tensor cores)."""
+    from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
     m = example("graphs_v2", hidden=hidden, inter=inter, dtype=dtype)
     g = Module((m[graph],))
-    low = run_pipeline(g, v2_pipeline(batch, chain=chain))
+    rows = 128 if wide and fused_rows(m[graph]) == MAX_BATCH_MMA else 64
+    low = run_pipeline(g, v2_pipeline(batch, chain=chain, rows=rows))
     args = inputs(m[graph], batch, [], np.random.default_rng(seed))
     ref, = interpret(g, args)
     out, = simulate(low, args)
@@ -334,16 +338,21 @@ def test_tensor_cores_take_up_to_128_rows_like_the_interpreter(graph, batch, mb,
 
 def test_the_default_takes_the_library_path_past_the_fused_bucket():
     """fusionc.compile(lowering = 'v2'): fused kernels up to fused_rows unless the cost table
-    measured the library path faster at that batch (from 33 rows on an H200), GEMMs above."""
+    measured the library path faster at that batch (from 33 rows on an H200), GEMMs above;
+    128-row tiles where it measured them fastest (1-32 rows) and every linear is on tensor
+    cores, 64-row tiles on the FMA paths."""
     from fusionc.cost.h200 import H200
     from fusionc.runtime.pipelines import v2_default_pipeline
     m = example("graphs_v2", hidden=256, inter=200, dtype="f16")
-    assert v2_default_pipeline(m["mlp"], 32).startswith("partition-units")
-    assert [r for r in range(1, 129) if H200.v2_library_faster(r)] == list(range(33, 129))
+    assert v2_default_pipeline(m["mlp"], 32).startswith("fold-views,partition-units")
+    assert [H200.v2_path(r) for r in (1, 8, 32, 33, 128, 129)] == \
+        ["wide", "wide", "wide", "library", "library", None]
+    assert "rows=128" in v2_default_pipeline(m["mlp"], 1)
+    assert "chain=false" not in v2_default_pipeline(m["mlp"], 1)
     assert v2_default_pipeline(m["mlp"], 33).endswith("lower-library")
     assert v2_default_pipeline(m["mlp"], 129).endswith("lower-library")
-    assert v2_default_pipeline(example("graphs_v2", hidden=256, inter=200, dtype="f32")["mlp"],
-                               16).startswith("partition-units")
+    f32 = v2_default_pipeline(example("graphs_v2", hidden=256, inter=200, dtype="f32")["mlp"], 16)
+    assert f32.startswith("fold-views,partition-units") and "rows=" not in f32
     low = run_pipeline(Module((m["chain"],)), v2_default_pipeline(m["chain"], 200))
     assert [op.name for op in low["chain"].body] == ["library_call", "library_call", "cast"]
     assert len(low["chain"].body[0].operands) == 3   # the bias, added by the GEMM

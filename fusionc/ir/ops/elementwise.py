@@ -22,6 +22,9 @@ from fusionc.ir.registry import (
 from fusionc.ir.types import FLOAT_DTYPES, DType
 
 
+ELEMENTWISE = frozenset({"elementwise"})   # commutes with views (fusionc.passes.fold_views)
+
+
 def _same_type(op):
     a, b = (v.type for v in op.operands)
     same_dtype(op, a, b)
@@ -81,6 +84,7 @@ register(
         interpret=_run_add,
         cost=lambda op, env: io_cost(op, env, numel(op, env)),
         where=GRAPH_AND_KERNEL,
+        traits=ELEMENTWISE,
     )
 )
 register(
@@ -93,6 +97,7 @@ register(
         interpret=_run_mul,
         cost=lambda op, env: io_cost(op, env, numel(op, env)),
         where=GRAPH_AND_KERNEL,
+        traits=ELEMENTWISE,
     )
 )
 register(
@@ -105,6 +110,7 @@ register(
         interpret=_run_silu,
         cost=lambda op, env: io_cost(op, env, 4 * numel(op, env)),
         where=GRAPH_AND_KERNEL,
+        traits=ELEMENTWISE,
     )
 )
 register(
@@ -118,6 +124,7 @@ register(
         interpret=_run_silu_mul,
         cost=lambda op, env: io_cost(op, env, 5 * numel(op, env)),
         where=GRAPH_AND_KERNEL,
+        traits=ELEMENTWISE,
     )
 )
 
@@ -137,5 +144,6 @@ register(
         interpret=lambda op, args, ctx: (args[0],),
         cost=io_cost,
         where=GRAPH_AND_KERNEL,
+        traits=ELEMENTWISE,
     )
 )
