@@ -4,6 +4,7 @@ under ncu for the kernel's own profile. The ring-depth rows of BENCHMARKS.md (is
 from it.
 
     python3 scripts/v2_probe.py N K BATCH [DTYPE] [STAGES] [ROWS]   # e.g. 4096 4096 1 f16 4 64
+    python3 scripts/v2_probe.py 4096 4096 1,16,32,64,128 f16 4 64,128  # every batch x rows
     ncu --clock-control none -k regex:fusionc --launch-skip 2 --launch-count 1 \\
         python3 scripts/v2_probe.py 4096 4096 1
 """
@@ -25,6 +26,14 @@ def compiled(n: int, k: int, b: int, dt: str = "f16", stages: int = 4, rows: int
 
 
 def main(argv) -> None:
+    """Time every (batch, rows) of comma-separated BATCH and ROWS lists."""
+    argv = [str(a) for a in argv]
+    for b in argv[2].split(","):
+        for rows in (argv[5] if len(argv) > 5 else "64").split(","):
+            probe([argv[0], argv[1], b, *argv[3:5], rows])
+
+
+def probe(argv) -> None:
     import torch
 
     from benchmarks.common import time_graph

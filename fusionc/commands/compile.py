@@ -46,15 +46,22 @@ def setup(p):
     p.add_argument("--max-batch", type=positive_int, default=None,
                    help=f"batch bucket (default {DEFAULT_MAX_BATCH})")
     p.add_argument("--passes", metavar="PIPELINE", help="pipeline string (overrides the above)")
-    p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
-                   help="v1: cluster kernels per block (default); v2: streamed persistent "
-                        "kernels over every SM (graphs of linear, norm and elementwise "
-                        "ops; the library path where the cost table measured it faster)")
+    add_lowering_arg(p)
     p.add_argument("--no-check", action="store_true", help="skip the simulator check")
 
     def run(args):
         return compile_main(args)
     return run
+
+
+def add_lowering_arg(p) -> None:
+    """``--lowering`` of ``fusionc compile`` and ``run``."""
+    p.add_argument("--lowering", choices=("auto", "v1", "v2"), default="auto",
+                   help="v1: cluster kernels per block; v2: streamed persistent kernels over "
+                        "every SM (graphs of linear, norm, view and elementwise ops; the "
+                        "library path where the cost table measured it faster); auto "
+                        "(default): v2 for graphs without attention or collectives, unless "
+                        "--cluster / --scheme is given")
 
 
 def compile_main(args) -> int:
@@ -103,7 +110,7 @@ def _chosen_graphs(module, args) -> list:
 
 _LOWERING_OPTIONS = (("cluster", "--cluster", 0), ("scheme", "--scheme", "auto"),
                      ("max_batch", "--max-batch", None), ("passes", "--passes", None),
-                     ("lowering", "--lowering", "v1"))
+                     ("lowering", "--lowering", "auto"))
 
 
 def _refuse_lowering_options(args) -> None:
@@ -129,13 +136,17 @@ def _lower(g, args, out: pathlib.Path):
         write_file(out / f"{g.name}.{stage[0]}-{spec.split('{')[0]}.fir", print_module(m))
     write_file(out / f"{g.name}.0-input.fir", print_module(Module((g,))))
     max_batch = args.max_batch or DEFAULT_MAX_BATCH
-    if getattr(args, "lowering", "v1") == "v2" and (args.cluster or args.scheme != "auto"):
+    lowering = getattr(args, "lowering", "auto")
+    if lowering == "auto":
+        from fusionc.runtime.pipelines import default_lowering
+        lowering = default_lowering(g, args.cluster, args.scheme)
+    if lowering == "v2" and (args.cluster or args.scheme != "auto"):
         from fusionc.errors import InputError
         raise InputError(f"--cluster {args.cluster} / --scheme {args.scheme} with --lowering v2",
                          valid="drop them: options of lowering v1's cluster kernels")
     if args.passes:   # the default is not computed: its matcher may refuse what --passes takes
         pipeline = args.passes
-    elif getattr(args, "lowering", "v1") == "v2":
+    elif lowering == "v2":
         from fusionc.runtime.pipelines import v2_default_pipeline
         pipeline = v2_default_pipeline(g, max_batch)
     else:

@@ -40,10 +40,8 @@ def setup(p):
     p.add_argument("--split-tokens", type=positive_int, metavar="PARTS",
                    help="token blocks of a many-token graph (1: no split; default 2 with "
                         "collectives, else 1)")
-    p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
-                   help="v1: cluster kernels per block (default); v2: streamed persistent "
-                        "kernels over every SM (graphs of linear, norm and elementwise "
-                        "ops; the library path where the cost table measured it faster)")
+    from fusionc.commands.compile import add_lowering_arg
+    add_lowering_arg(p)
     p.add_argument("--timeline", action="store_true",
                    help="profiling build: print each kernel's time per op (last launch; "
                         "fusionc.runtime.timeline); profiles the cost model's choice, not a "
@@ -78,6 +76,12 @@ def run_main(args) -> int:
     return status
 
 
+def _lowering(args) -> str | None:
+    """``--lowering`` as ``fusionc.compile`` takes it (auto: None, its default)."""
+    low = getattr(args, "lowering", "auto")
+    return None if low == "auto" else low
+
+
 def run_graph(g, args) -> tuple[str, bool]:
     """Compile, run, check and time one graph; returns the report line and pass/fail."""
     import fusionc
@@ -92,7 +96,7 @@ def run_graph(g, args) -> tuple[str, bool]:
     fn = fusionc.compile(g, max_batch=args.batch, cluster=args.cluster, kv_len=args.kv_len,
                          comm=comm, split_tokens=getattr(args, "split_tokens", None),
                          codegen=CodegenOptions(timeline=True) if timeline else None,
-                         lowering=getattr(args, "lowering", "v1"))
+                         lowering=_lowering(args))
     require_gpu()
     seed = np.random.SeedSequence().entropy % 2**32
     if comm is not None:   # the ranks share the seed: replicated inputs stay replicated

@@ -12,7 +12,7 @@ from __future__ import annotations
 from fusionc.errors import CompileError, InputError
 from fusionc.ir.nodes import Graph, Module
 from fusionc.runtime import arrays
-from fusionc.runtime.pipelines import pipeline_for, prefill, v2_default_pipeline
+from fusionc.runtime.pipelines import default_lowering, pipeline_for, prefill, v2_default_pipeline
 
 
 def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: int = 0,
@@ -20,7 +20,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             codegen=None, autotune: bool = False, progress=None,
             pdl: bool = False, comm=None, split_tokens: int | None = None,
             min_split_tokens: int = 4096, side_ctas: int = 32,
-            lowering: str = "v1") -> CompiledGraph:
+            lowering: str | None = None) -> CompiledGraph:
     """Lower, fuse, generate and compile ``program`` for the GPU.
 
     Args:
@@ -51,11 +51,13 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             O projection and only at 8192 for the MLP, whose all-reduce is already ~2% of it.
         side_ctas: CTAs of the side stream's all-reduce (beside the GEMMs; 32 measured better
             than 16).
-        lowering: ``"v1"`` (cluster kernels per block, the default) or ``"v2"`` (design v2:
-            streamed persistent kernels over every SM; graphs of linear layers and the norm and
+        lowering: ``"v1"`` (cluster kernels per block) or ``"v2"`` (design v2: streamed
+            persistent kernels over every SM; graphs of linear layers and the norm, view and
             elementwise ops around them, fused up to the batch bucket the fused kernels take
             unless the cost table measured the library path faster; the library path
-            otherwise: :func:`fusionc.runtime.pipelines.v2_default_pipeline`).
+            otherwise: :func:`fusionc.runtime.pipelines.v2_default_pipeline`); None: v2 for
+            graphs without attention or collectives and without v1 options, else v1
+            (:func:`fusionc.runtime.pipelines.default_lowering`).
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
@@ -70,8 +72,8 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     _check_options(program, max_batch, kv_len, cluster)
     _check_split_options(split_tokens, min_split_tokens, side_ctas)
     codegen = _check_kinds(codegen, progress, pipeline, pdl, autotune)
-    if lowering not in LOWERINGS:
-        raise InputError(f"lowering = {lowering!r}", valid="'v1' or 'v2'")
+    if lowering is not None and lowering not in LOWERINGS:
+        raise InputError(f"lowering = {lowering!r}", valid="None, 'v1' or 'v2'")
     if isinstance(pipeline, str) and not pipeline.strip():
         raise InputError("pipeline = ''", valid="a pipeline of passes, e.g. "
                          "fusionc.passes.stream.v2_pipeline(8), or None for the default")
@@ -82,6 +84,9 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
     check_fp32_attrs(module[name])
+    if lowering is None:
+        lowering = "v1" if pipeline is not None else \
+            default_lowering(module[name], cluster, scheme, autotune)
     if lowering == "v2" and pipeline is None:
         pipeline = v2_default_pipeline(module[name], max_batch, split_tokens, min_split_tokens)
     if pipeline is None and codegen is None and cluster == 0 and scheme == "auto" and \
@@ -217,6 +222,8 @@ class CompiledGraph:
         self._loaded, self._side, self._captured = {}, None, []
         self._plans: dict = {}   # (device, argument signature) -> fusionc.runtime.plan.Plan
         self._names = tuple(p.name for p in host.params)
+        self._outs = {v.name for v in host.outputs}
+        self._scratch: dict = {}   # (result, shape, torch mode, device) -> (buffer, view)
 
     @property
     def params(self) -> list[str]:
@@ -321,7 +328,8 @@ class CompiledGraph:
             for p in k.params[len(op.operands):]:  # pure outputs
                 r = result_of[p.name]
                 objs[r.name], views[r.name] = self._output(p, r.name, env, torch_mode, outputs,
-                                                           views)
+                                                           views) if r.name in self._outs \
+                    else self.scratch(p, r.name, env, torch_mode)
                 tensors[p.name] = views[r.name]
             self._loaded[k.name].launch(tensors, env, stream=stream)
             for p, a in zip(k.params, op.operands):  # inputs updated in place (KV caches)
@@ -332,6 +340,19 @@ class CompiledGraph:
         if stream.is_capturing():   # the graph's replays write into these buffers
             self._captured.append((given, views, streams.keep, streams.joined))
         return tuple(objs[v.name] for v in self.host.outputs)
+
+    def scratch(self, param, result: str, env, torch_mode: bool):
+        """``(buffer, CuPy view)`` of intermediate ``result`` (a kernel's output that another
+        kernel of the graph reads, e.g. the MLP's SwiGLU output between two kernels), allocated
+        on the first call of its shape and reused: a captured step allocates nothing. Like the
+        kernels' workspace and counters, it is shared by the calls of this CompiledGraph, which
+        must not run concurrently on two streams."""
+        from fusionc.runtime.arrays import device_id
+        key = (result, param.type.concrete(env), torch_mode, device_id())
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = self._scratch[key] = arrays.empty_like_inputs(param, env, torch_mode)
+        return buf
 
     def _side_stream(self):
         """The side stream of token-split overlap (created once, high priority)."""

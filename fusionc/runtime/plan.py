@@ -63,9 +63,16 @@ def _planned_run(cg, env, torch_mode, device):
     index = {p.name: i for i, p in enumerate(host.params)}
     allocs, steps = [], []
 
+    outs = {v.name for v in host.outputs}
+
     def output(v, r):   # a buffer allocated per call for result r (typed like v)
         index[r.name] = len(host.params) + len(allocs)
-        allocs.append(arrays.allocator(v, env, torch_mode, device))
+        if r.name in outs:
+            allocs.append(arrays.allocator(v, env, torch_mode, device))
+        else:   # an intermediate: the graph's scratch buffer (CompiledGraph.scratch)
+            obj, view = cg.scratch(v, r.name, env, torch_mode)
+            ptr = obj.data_ptr() if torch_mode else obj.data.ptr
+            allocs.append(lambda obj=obj, ptr=ptr: (obj, ptr))
         return index[r.name]
 
     for op in host.body:

@@ -71,6 +71,6 @@ def test_compiled_and_jit_repr():
                   heads=2, intermediate=512, max_seq=64)
     c = fc.compile(m, "mlp", max_batch=4)
     assert repr(c) == ("<CompiledGraph @mlp(x, mlp_norm, w_gate_up, w_down), max_batch=4: "
-                       "kernels mlp_k0>")
+                       "kernels mlp_k1>")
     j = fc.jit(max_batch=4, name="twice", x=fc.Tensor("f16", "B", 8))(lambda x: x + x)
     assert repr(j) == "<JitGraph @twice(x), max_batch=4: not compiled yet>"

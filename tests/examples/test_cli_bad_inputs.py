@@ -32,7 +32,7 @@ def test_check_of_a_huge_mlp_is_skipped_with_a_note(capsys, tmp_path, monkeypatc
     code, out, _ = run_cli(capsys, "compile", LLAMA2, "-D", "hidden=16384",
                            "-D", "intermediate=53248", "--graph", "mlp", "-o", tmp_path)
     assert code == 0 and "simulator check @mlp skipped: it needs about" in out, out
-    assert "--no-check" in out and (tmp_path / "mlp_k0.cubin").exists()
+    assert "--no-check" in out and (tmp_path / "mlp_k1.cubin").exists()
 
 
 def test_check_at_one_row_when_the_batch_does_not_fit(monkeypatch):

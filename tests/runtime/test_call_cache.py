@@ -30,8 +30,10 @@ def gpu():
 
 
 def _compile(module, graph="mlp", max_batch=4):
+    """Lowering v1 (one kernel per block: every kernel buffer is a call's argument or output;
+    v2's MLP also launches with its intermediate, tests/gpu/test_call_cache_gpu.py)."""
     import fusionc
-    return fusionc.compile(module, graph, max_batch=max_batch)
+    return fusionc.compile(module, graph, max_batch=max_batch, lowering="v1")
 
 
 def _args(cg, batch=2, torch=False, **over):
@@ -204,7 +206,7 @@ def test_two_kernel_attention_then_library_linear(module, gpu, monkeypatch):
     calls = []
     fake = library._cublas()
     monkeypatch.setattr(fake, "cublasGemmEx", lambda *args: calls.append(args) or 0)
-    g = fc.compile(lin, max_batch=4)
+    g = fc.compile(lin, max_batch=4, lowering="v1")   # v1: a lone linear is a GEMM
     x, w = fake_cupy_array((3, 256), "float16"), fake_cupy_array((128, 256), "float16")
     (y1,) = g(x, w)
     (y2,) = g(x, w)
@@ -272,3 +274,23 @@ def test_a_host_op_on_integers_is_named_at_compile_time():
         return fc.cast(x, "f16")
     with pytest.raises(CompileError, match="'cast' on i32"):
         fc.compile(g, max_batch=300)
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_v2_intermediates_are_reused_scratch(module, gpu, chain):
+    """The v2 MLP (one kernel of two phases, or two kernels under PDL) hands its SwiGLU output
+    from gate/up to down in a scratch buffer made on the first call and reused by planned and
+    unplanned calls (a captured decode step must allocate nothing)."""
+    import fusionc
+    from fusionc.passes.stream import v2_pipeline
+    cg = fusionc.compile(module, "mlp", max_batch=8, lowering="v2",
+                         pipeline=v2_pipeline(8, chain=chain))
+    assert [op.name for op in cg.host.body] == ["launch"] * (1 if chain else 2)
+    a = _args(cg)
+    cg(**a)
+    (buf, _), = cg._scratch.values()
+    cg(**a)   # planned
+    y = fake_cupy_array((2, SIZES["hidden"]), "float16")
+    cg(**a, outputs={"0": y})   # the general path
+    assert len(cg._scratch) == 1 and next(iter(cg._scratch.values()))[0] is buf
+    assert gpu.launches == 3 * len(cg.host.body)

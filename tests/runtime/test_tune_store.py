@@ -34,11 +34,11 @@ def test_store_round_trip_and_keys(tmp_store):
 
 def test_compile_uses_the_stored_choice(tmp_store):
     g = _mlp()
-    default = fusionc.compile(g, max_batch=4)
+    default = fusionc.compile(g, max_batch=4, lowering="v1")
     c0 = next(iter(default.kernels.values())).source.cluster
     choice = 2 if c0 != 2 else 4
     record(g, 4, 4096, {"cluster": choice, "scheme": "splitn", "gemv_unroll": 8}, DEFAULT_GPU)
-    tuned = fusionc.compile(g, max_batch=4)
+    tuned = fusionc.compile(g, max_batch=4, lowering="v1")
     assert next(iter(tuned.kernels.values())).source.cluster == choice
-    explicit = fusionc.compile(g, max_batch=4, cluster=c0)  # explicit options win
+    explicit = fusionc.compile(g, max_batch=4, cluster=c0, lowering="v1")  # explicit options win
     assert next(iter(explicit.kernels.values())).source.cluster == c0
