@@ -32,9 +32,11 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
         pipeline: a pipeline string overriding the default built from these options.
         codegen: :class:`fusionc.codegen.CodegenOptions` (e.g. ``gemv_unroll``), or its
             string form ``"gemv_unroll=8,..."`` (``fusionc.codegen.context.parse_codegen_options``).
-        autotune: search the choices on the GPU when none is stored (``fusionc.tune``). When
-            cluster, scheme, pipeline and codegen are left open, a stored choice for this graph
-            and GPU is used; otherwise the cost model decides.
+        autotune: search the choices on the GPU when none is stored (``fusionc.tune``): v1's
+            cluster size, scheme and gemv depth, or v2's path (fused 64- or 128-row tiles,
+            chained or not, or the library path). When cluster, scheme, pipeline and codegen
+            are left open, a stored choice for this graph and GPU is used; otherwise the cost
+            model (v1) or the cost table (v2) decides.
         progress: a callable(str) told about each kernel as it compiles (e.g. tqdm.write).
         pdl: programmatic dependent launch (``CodegenOptions.pdl``): each kernel may start
             while the previous kernel of the stream drains (decode steps of many layers).
@@ -77,18 +79,19 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     if isinstance(pipeline, str) and not pipeline.strip():
         raise InputError("pipeline = ''", valid="a pipeline of passes, e.g. "
                          "fusionc.passes.stream.v2_pipeline(8), or None for the default")
-    if lowering == "v2" and (cluster != 0 or scheme != "auto" or autotune):
-        raise InputError(f"cluster = {cluster}, scheme = {scheme!r}, autotune = {autotune} "
-                         "with lowering = 'v2'", valid="cluster = 0, scheme = 'auto' and "
-                         "autotune = False: options of lowering v1's cluster kernels")
+    if lowering == "v2" and (cluster != 0 or scheme != "auto"):
+        raise InputError(f"cluster = {cluster}, scheme = {scheme!r} with lowering = 'v2'",
+                         valid="cluster = 0 and scheme = 'auto': options of lowering v1's "
+                               "cluster kernels")
     module = program if isinstance(program, Module) else Module((program,))
     name = _pick(module, graph)
     check_fp32_attrs(module[name])
     if lowering is None:
         lowering = "v1" if pipeline is not None else \
-            default_lowering(module[name], cluster, scheme, autotune)
+            default_lowering(module[name], cluster, scheme)
     if lowering == "v2" and pipeline is None:
-        pipeline = v2_default_pipeline(module[name], max_batch, split_tokens, min_split_tokens)
+        pipeline = _tuned_v2(module[name], max_batch, kv_len, autotune, split_tokens) or \
+            v2_default_pipeline(module[name], max_batch, split_tokens, min_split_tokens)
     if pipeline is None and codegen is None and cluster == 0 and scheme == "auto" and \
             not prefill(module[name], max_batch):   # tuning is for the decode kernels
 
@@ -173,6 +176,23 @@ def _tuned(g: Graph, max_batch: int, kv_len: int, search: bool):
     if hit is None:
         return None
     return hit["cluster"], hit["scheme"], CodegenOptions(gemv_unroll=hit["gemv_unroll"])
+
+
+def _tuned_v2(g: Graph, max_batch: int, kv_len: int, search: bool, split_tokens) -> str | None:
+    """The pipeline of the v2 choice stored for this graph and GPU (searched first when
+    ``search`` and nothing is stored); None to let the cost table decide (also with
+    ``split_tokens``, a library-path option)."""
+    from fusionc.tune import autotune, lookup
+    from fusionc.tune.search import V2Choice
+    if split_tokens is not None:
+        return None
+    hit = lookup(g, max_batch, kv_len, lowering="v2")
+    if hit is None and search:
+        best, _ = autotune(g, max_batch, kv_len, lowering="v2")
+        hit = {"path": best.path, "chain": best.chain}
+    if hit is None:
+        return None
+    return V2Choice(hit["path"], hit["chain"]).compile_kwargs(g, max_batch)["pipeline"]
 
 
 def check_launches_only(host: Graph) -> None:

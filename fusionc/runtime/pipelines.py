@@ -63,15 +63,14 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     return v2_pipeline(max_batch)
 
 
-def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
-                     autotune: bool = False) -> str:
+def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto") -> str:
     """``fusionc.compile``'s lowering when none is given: ``"v2"`` (streamed kernels, the
     library path where measured faster) for graphs without attention, MLA, RoPE, a KV-cache
-    append or collectives, unless a v1 option is set (``cluster``, ``scheme``, ``autotune``:
-    the cluster kernels' choices); ``"v1"`` otherwise (attention blocks and tensor-parallel
-    layers are not on v2 yet: issues 22 and 28)."""
+    append or collectives, unless a v1 option is set (``cluster``, ``scheme``: the cluster
+    kernels' choices); ``"v1"`` otherwise (attention blocks and tensor-parallel layers are not
+    on v2 yet: issues 22 and 28)."""
     v1_only = any(op.name in _DECODE_ONLY or op.name.startswith("all_reduce") for op in g.body)
-    return "v1" if v1_only or cluster != 0 or scheme != "auto" or autotune else "v2"
+    return "v1" if v1_only or cluster != 0 or scheme != "auto" else "v2"
 
 
 PREFILL_TOKENS = 256

@@ -1,5 +1,8 @@
 """The autotuning search: every candidate choice is compiled (through the cubin cache) and timed
-on the GPU by CUDA-graph replay over buffer sets larger than 3x L2; the fastest is stored."""
+on the GPU by CUDA-graph replay over buffer sets larger than 3x L2; the fastest is stored.
+Lowering v1 varies the cluster kernels' choices (:class:`Choice`), lowering v2 the path
+(:class:`V2Choice`: fused 64-row tiles one kernel per linear or chained, fused 128-row tiles,
+the library path)."""
 from __future__ import annotations
 
 import math
@@ -26,14 +29,57 @@ class Choice:
                     codegen=CodegenOptions(gemv_unroll=self.gemv_unroll))
 
 
-def candidates() -> list[Choice]:
-    """Cluster sizes x QKV/gate-up schemes x gemv loads in flight."""
-    return [Choice(c, s, u) for c in (1, 2, 4, 8, 16) for s in ("splitk", "splitn")
-            for u in (8, 16)]
+    def describe(self) -> str:
+        return f"C={self.cluster} {self.scheme} unroll {self.gemv_unroll}"
 
 
-def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = True):
-    """(choice, compiled) for every candidate that lowers and fits (no GPU needed).
+V2_PATHS = ("fused", "wide", "library")
+
+
+@dataclass(frozen=True)
+class V2Choice:
+    """Lowering v2's choice: ``path`` one of :data:`V2_PATHS` (as
+    ``fusionc.cost.h200.Device.v2_path``), ``chain``: chained linears in one kernel."""
+
+    path: str
+    chain: bool
+
+    def compile_kwargs(self, g: Graph, max_batch: int) -> dict:
+        """Keyword arguments of fusionc.compile that realize this choice for ``g``."""
+        from fusionc.lower.linear_v2 import WIDE_ROWS
+        from fusionc.passes.stream import v2_pipeline
+        from fusionc.runtime.pipelines import library_pipeline
+        if self.path == "library":
+            return dict(lowering="v2", pipeline=library_pipeline(g))
+        rows = WIDE_ROWS if self.path == "wide" else None
+        return dict(lowering="v2", pipeline=v2_pipeline(max_batch, chain=self.chain,
+                                                        **({"rows": rows} if rows else {})))
+
+    def describe(self) -> str:
+        return self.path + (" chained" if self.chain and self.path != "library" else "")
+
+
+def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1") -> list:
+    """Lowering v1: cluster sizes x QKV/gate-up schemes x gemv loads in flight. Lowering v2:
+    the paths that can realize ``g`` at ``max_batch`` rows (fused up to its bucket, 128-row
+    tiles where every linear is on tensor cores, the library path always)."""
+    if lowering == "v1":
+        return [Choice(c, s, u) for c in (1, 2, 4, 8, 16) for s in ("splitk", "splitn")
+                for u in (8, 16)]
+    from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
+    top = fused_rows(g) if g is not None else None
+    out = []
+    if top is not None and max_batch <= top:
+        out += [V2Choice("fused", False), V2Choice("fused", True)]
+        if top == MAX_BATCH_MMA:
+            out.append(V2Choice("wide", True))
+    return out + [V2Choice("library", False)]
+
+
+def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = True,
+                       lowering: str = "v1"):
+    """(choice, compiled) for every candidate of ``lowering`` that lowers and fits (no GPU
+    needed).
 
     Raises:
         LoweringError: no candidate compiles (naming the first candidate's error).
@@ -42,15 +88,16 @@ def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = T
     from fusionc.errors import FusionError, LoweringError
     from tqdm import tqdm
     out, errors = [], []
-    for ch in tqdm(candidates(), desc=f"compiling @{g.name}", disable=not progress):
+    cands = candidates(g, max_batch, lowering)
+    for ch in tqdm(cands, desc=f"compiling @{g.name}", disable=not progress):
+        kw = ch.compile_kwargs(g, max_batch) if lowering == "v2" else ch.compile_kwargs()
         try:
-            out.append((ch, fusionc.compile(g, max_batch=max_batch, kv_len=kv_len,
-                                            **ch.compile_kwargs())))
+            out.append((ch, fusionc.compile(g, max_batch=max_batch, kv_len=kv_len, **kw)))
         except FusionError as e:
             errors.append(e)  # this choice cannot realize the graph (sizes, shared memory)
     if not out:
         raise LoweringError(f"no candidate of the autotuning search compiles at batch "
-                            f"{max_batch}, KV length {kv_len}; the first ({candidates()[0]}): "
+                            f"{max_batch}, KV length {kv_len}; the first ({cands[0]}): "
                             f"{errors[0].message if errors else 'none'}", op=g.name,
                             loc=errors[0].loc if errors else g.loc,
                             valid=(errors[0].valid or "") + "; or a smaller --batch / sizes")
@@ -58,8 +105,9 @@ def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = T
 
 
 def autotune(g: Graph, max_batch: int, kv_len: int, *, reps: int = 20,
-             progress: bool = True, store: bool = True) -> tuple[Choice, list[tuple]]:
-    """Measure every candidate on the current GPU; store and return the fastest.
+             progress: bool = True, store: bool = True, lowering: str = "v1"):
+    """Measure every candidate of ``lowering`` on the current GPU; store and return the
+    fastest.
 
     Returns ``(best choice, [(choice, µs), ...])``. Raises DeviceError without a GPU.
     """
@@ -67,7 +115,7 @@ def autotune(g: Graph, max_batch: int, kv_len: int, *, reps: int = 20,
     from fusionc.tune import store as st
     from tqdm import tqdm
     require_gpu()
-    compiled = compile_candidates(g, max_batch, kv_len, progress)
+    compiled = compile_candidates(g, max_batch, kv_len, progress, lowering)
     sets = _buffer_sets(g, max_batch, kv_len)
     results = []
     outs = [_outputs(g, s) for s in sets]
@@ -76,7 +124,7 @@ def autotune(g: Graph, max_batch: int, kv_len: int, *, reps: int = 20,
     best, us = min(results, key=lambda r: r[1])
     if store:
         st.record(g, max_batch, kv_len, {**asdict(best), "us": round(us, 2),
-                                         "candidates": len(results)})
+                                         "candidates": len(results)}, lowering=lowering)
     return best, results
 
 

@@ -137,8 +137,13 @@ def test_random_chains_fold_into_one_kernel(norm, bias, pair, steps, cast, n, k,
             "t": rng.standard_normal((batch, n))}
     args = {a: v for a, v in args.items() if a in {p.name for p in g.graphs[0].params}}
     ref, = interpret(g, args, precise=True)   # the float64 reference (every rounding differs)
+    rounded, = interpret(g, args)   # the graph's own roundings: each op's result in bf16/f16
     out, = simulate(low, args)
-    assert rel_err(out, ref) <= 1e-2
+    assert rel_err(out, rounded) <= 1e-2
+    # a chain of up to six 16-bit ops may itself sit past 1e-2 of float64 (bf16: 2^-9 per op,
+    # e.g. 1.2e-2 for norm, SwiGLU, mul, mul, silu); the kernel may add a last-bit rounding
+    # difference (another summation order) to what the graph's own roundings cost
+    assert rel_err(out, ref) <= max(1e-2, rel_err(rounded, ref) + 4e-3)
 
 
 def test_a_norm_with_other_uses_is_refused_by_name():
