@@ -12,7 +12,7 @@ from fusionc.commands.check import (  # noqa: F401  (public here: fusionc.tune, 
 _EPILOG = """\
 writes into DIR:
   <graph>.0-input.fir, <graph>.1-fuse-allreduce-norm.fir, ...  the IR after each pass
-    (--lowering v2: <graph>.1-partition-units.fir ... <graph>.4-smem-plan.fir)
+    (lowering v2: <graph>.1-fold-views.fir ... <graph>.5-smem-plan.fir)
   <kernel>.cu, <kernel>.cubin                                 CUDA source and sm_90a cubin
 and prints per kernel: grid, cluster size, threads, registers, shared memory, spills; then the
 simulator check ("checking @GRAPH ..." as it starts): the lowered module run by the tile-IR
@@ -134,7 +134,6 @@ def _lower(g, args, out: pathlib.Path):
     def dump(spec, m):
         stage[0] += 1
         write_file(out / f"{g.name}.{stage[0]}-{spec.split('{')[0]}.fir", print_module(m))
-    write_file(out / f"{g.name}.0-input.fir", print_module(Module((g,))))
     max_batch = args.max_batch or DEFAULT_MAX_BATCH
     lowering = getattr(args, "lowering", "auto")
     if lowering == "auto":
@@ -144,6 +143,7 @@ def _lower(g, args, out: pathlib.Path):
         from fusionc.errors import InputError
         raise InputError(f"--cluster {args.cluster} / --scheme {args.scheme} with --lowering v2",
                          valid="drop them: options of lowering v1's cluster kernels")
+    write_file(out / f"{g.name}.0-input.fir", print_module(Module((g,))))   # checked first
     if args.passes:   # the default is not computed: its matcher may refuse what --passes takes
         pipeline = args.passes
     elif lowering == "v2":

@@ -38,9 +38,11 @@ def setup(p):
     p.add_argument("--passes", metavar="PIPELINE",
                    help='run this pipeline first, e.g. "partition-cluster{size=4},fuse"')
     from fusionc.commands.compile import positive_int
-    p.add_argument("--lowering", choices=("v1", "v2"), default="v1",
-                   help="the default pipeline of --after: v1 (cluster kernels) or v2 "
-                        "(fusionc.compile's: fused streamed kernels or the library path)")
+    p.add_argument("--lowering", choices=("auto", "v1", "v2"), default="v1",
+                   help="the default pipeline of --after: v1 (cluster kernels; the default), "
+                        "v2 (fused streamed kernels or the library path), or auto "
+                        "(fusionc.compile's choice: v2 when every graph shown has no attention "
+                        "or collectives)")
     p.add_argument("--max-batch", type=positive_int, default=8,
                    help="batch bucket of the v2 pipeline (default 8)")
     p.add_argument("--batch", type=positive_int, default=1,
@@ -126,6 +128,10 @@ def run_passes(module, args):
     from fusionc.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
     from fusionc.errors import PassError
     default = DEFAULT_PIPELINE
+    if getattr(args, "lowering", "v1") == "auto":
+        from fusionc.runtime.pipelines import default_lowering
+        args.lowering = "v2" if all(default_lowering(g) == "v2" for g in module.graphs
+                                    if g.kind == "graph") else "v1"
     if getattr(args, "lowering", "v1") == "v2":
         default = _v2_default(module, args)
     passes = parse_pipeline(args.passes or default)

@@ -50,7 +50,10 @@ class Device:
         bucket decides there). The table holds fp16 MLPs and decides for every graph; lone
         linears favour cuBLAS more (``benchmarks/gemv.py``: cuBLAS faster at some of 1 and 16
         rows on three of four shapes, by 0.2-3.2 us, and from 32 rows on three; BENCHMARKS.md,
-        issue 21 step 3b)."""
+        issue 21 step 3b). InputError for a batch that is no positive int."""
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+            from fusionc.errors import InputError
+            raise InputError(f"rows = {rows!r}", op="v2_path", valid="a batch of >= 1 rows")
         at = [r for r in sorted(self.v2_paths_us) if r >= rows]
         if not at:
             return None

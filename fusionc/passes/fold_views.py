@@ -6,7 +6,8 @@ A view is row-major metadata: no data moves, so an elementwise op (trait ``eleme
 mul, silu, silu_mul, cast) commutes with it. Rewrites, to a fixed point:
 
 - ``reshape(reshape(x))`` → ``reshape(x)``;
-- ``reshape(x)`` of x's own type → x (not for a graph output, whose name the caller binds);
+- ``reshape(x)`` of x's own type → x; for a graph output (whose name the caller binds), x's
+  producer takes the output's name when nothing else reads x;
 - ``e(reshape(a), reshape(b), ...)`` with a, b, ... of one shape → ``reshape(e(a, b, ...))``
   (the op's new result is named ``<result>.flat``);
 - a reshape nothing reads (and no output) is dropped.
@@ -38,9 +39,10 @@ class FoldViews(Pass):
 def fold_views(g: Graph) -> Graph:
     """``g`` with its views moved past elementwise ops and cancelled (the module docstring)."""
     while True:
+        g = _dead_views(g)   # first: a dead view must not count as a use
         new = _step(g)
         if new is g:
-            return _dead_views(g)
+            return g
         g = new
 
 
@@ -53,8 +55,11 @@ def _step(g: Graph) -> Graph:
             src = prod.get(op.operands[0].name)
             if src is not None and src.name == "reshape":
                 return _put(g, i, [op.replace(operands=src.operands)])
-            if op.operands[0].type == op.result.type and op.result.name not in outs:
-                return _substitute(g, i, op.result, op.operands[0])
+            if op.operands[0].type == op.result.type:
+                if op.result.name not in outs:
+                    return _substitute(g, i, op.result, op.operands[0])
+                if _renamable(g, op, src, outs):
+                    return _rename(g, i, src, op.result)
         elif lookup(op.name).has("elementwise") and op.operands:
             srcs = [prod.get(v.name) for v in op.operands]
             if all(s is not None and s.name == "reshape" for s in srcs):
@@ -77,6 +82,21 @@ def _sink(g: Graph, op: Op, flat: list[Value]) -> list[Op]:
     view = Op("reshape", (r,), (inner.result,),
               lookup("reshape").make_attrs({"shape": tuple(r.type.shape)}, op.loc), (), op.loc)
     return [inner, view]
+
+
+def _renamable(g: Graph, view: Op, src: Op | None, outs: set[str]) -> bool:
+    """Whether the producer of an identity view that is a graph output may take the output's
+    name: an op of the body whose result only the view reads and that is no output itself."""
+    v = view.operands[0]
+    return src is not None and len(src.results) == 1 and v.name not in outs and \
+        users(g).get(v.name, []) == [view]
+
+
+def _rename(g: Graph, i: int, src: Op, out: Value) -> Graph:
+    """``g`` without view ``i``; its producer ``src`` returns the view's result ``out``."""
+    body = [src.replace(results=(out,)) if o is src else o
+            for j, o in enumerate(g.body) if j != i]
+    return g.replace(body=tuple(body))
 
 
 def _put(g: Graph, i: int, ops: list[Op]) -> Graph:

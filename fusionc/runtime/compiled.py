@@ -9,8 +9,10 @@ graph. KV caches are updated in place; other outputs are allocated like the inpu
 """
 from __future__ import annotations
 
+import math
+
 from fusionc.errors import CompileError, InputError
-from fusionc.ir.nodes import Graph, Module
+from fusionc.ir.nodes import Graph, Module, Value
 from fusionc.runtime import arrays
 from fusionc.runtime.pipelines import default_lowering, pipeline_for, prefill, v2_default_pipeline
 
@@ -35,7 +37,8 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
         autotune: search the choices on the GPU when none is stored (``fusionc.tune``): v1's
             cluster size, scheme and gemv depth, or v2's path (fused 64- or 128-row tiles,
             chained or not, or the library path). When cluster, scheme, pipeline and codegen
-            are left open, a stored choice for this graph and GPU is used; otherwise the cost
+            are left open, a stored choice for this graph, GPU and lowering is used (a v1
+            choice needs lowering v1 where the default is v2); otherwise the cost
             model (v1) or the cost table (v2) decides.
         progress: a callable(str) told about each kernel as it compiles (e.g. tqdm.write).
         pdl: programmatic dependent launch (``CodegenOptions.pdl``): each kernel may start
@@ -59,7 +62,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             unless the cost table measured the library path faster; the library path
             otherwise: :func:`fusionc.runtime.pipelines.v2_default_pipeline`); None: v2 for
             graphs without attention or collectives and without v1 options, else v1
-            (:func:`fusionc.runtime.pipelines.default_lowering`).
+            (:func:`fusionc.runtime.pipelines.default_lowering`); ``"auto"`` is None.
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
@@ -74,8 +77,10 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     _check_options(program, max_batch, kv_len, cluster)
     _check_split_options(split_tokens, min_split_tokens, side_ctas)
     codegen = _check_kinds(codegen, progress, pipeline, pdl, autotune)
+    if lowering == "auto":   # the CLI's name for the default
+        lowering = None
     if lowering is not None and lowering not in LOWERINGS:
-        raise InputError(f"lowering = {lowering!r}", valid="None, 'v1' or 'v2'")
+        raise InputError(f"lowering = {lowering!r}", valid="None (or 'auto'), 'v1' or 'v2'")
     if isinstance(pipeline, str) and not pipeline.strip():
         raise InputError("pipeline = ''", valid="a pipeline of passes, e.g. "
                          "fusionc.passes.stream.v2_pipeline(8), or None for the default")
@@ -243,7 +248,7 @@ class CompiledGraph:
         self._plans: dict = {}   # (device, argument signature) -> fusionc.runtime.plan.Plan
         self._names = tuple(p.name for p in host.params)
         self._outs = {v.name for v in host.outputs}
-        self._scratch: dict = {}   # (result, shape, torch mode, device) -> (buffer, view)
+        self._scratch: dict = {}   # (result, dtype, torch mode, device) -> flat buffer
 
     @property
     def params(self) -> list[str]:
@@ -362,17 +367,23 @@ class CompiledGraph:
         return tuple(objs[v.name] for v in self.host.outputs)
 
     def scratch(self, param, result: str, env, torch_mode: bool):
-        """``(buffer, CuPy view)`` of intermediate ``result`` (a kernel's output that another
-        kernel of the graph reads, e.g. the MLP's SwiGLU output between two kernels), allocated
-        on the first call of its shape and reused: a captured step allocates nothing. Like the
-        kernels' workspace and counters, it is shared by the calls of this CompiledGraph, which
-        must not run concurrently on two streams."""
-        from fusionc.runtime.arrays import device_id
-        key = (result, param.type.concrete(env), torch_mode, device_id())
+        """``(buffer, CuPy view)`` of intermediate ``result`` (a kernel's or a host op's output
+        that the graph reads again but does not return, e.g. the MLP's SwiGLU output), shaped
+        for ``env``: the leading elements of one flat buffer per result, made on the first call
+        and regrown only for a larger batch, so a captured step allocates nothing and memory
+        stays at the largest batch seen. Like the kernels' workspace and counters, it is shared
+        by the calls of this CompiledGraph, which must not run concurrently on two streams."""
+        from fusionc.ir.types import TensorType
+        from fusionc.runtime.arrays import _CUPY, _wrap_torch, device_id
+        shape = param.type.concrete(env)
+        n = math.prod(shape)
+        key = (result, param.type.dtype, torch_mode, device_id())
         buf = self._scratch.get(key)
-        if buf is None:
-            buf = self._scratch[key] = arrays.empty_like_inputs(param, env, torch_mode)
-        return buf
+        if buf is None or (buf.numel() if torch_mode else buf.size) < n:
+            flat = Value(param.name, TensorType(param.type.dtype, (max(n, 1),)))
+            buf = self._scratch[key] = arrays.empty_like_inputs(flat, {}, torch_mode)[0]
+        obj = buf[:n].reshape(shape)
+        return obj, (_wrap_torch(obj, _CUPY[param.type.dtype]) if torch_mode else obj)
 
     def _side_stream(self):
         """The side stream of token-split overlap (created once, high priority)."""

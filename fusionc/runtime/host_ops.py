@@ -96,7 +96,7 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
             return
         outs = [alloc(r) for r in op.results]
         _compute(op, [views[v.name] for v in op.operands], outs[0][1], streams,
-                 lambda v: arrays.empty_like_inputs(v, env, torch_mode))
+                 lambda v: cg.scratch(v, f"{op.results[0].name}.{v.name}", env, torch_mode))
         for r, (obj, view) in zip(op.results, outs):
             objs[r.name], views[r.name] = obj, view
 
@@ -123,7 +123,7 @@ def bind_blocks(env: dict, sym: str, sizes: list[int], op) -> None:
 
 def _compute(op, args: list, out, streams: Streams, temp) -> None:
     """Run a row-wise host op into ``out``; ``temp(value)``: ``(buffer, view)`` of a scratch
-    buffer from the caller's allocator (PyTorch's under torch tensors: capturable)."""
+    buffer (the graph's, :meth:`CompiledGraph.scratch`: a capture allocates nothing)."""
     dt = op.results[0].type.dtype.value
     if op.name == "library_call":
         library.gemm(args[0], args[1], out, dt, *args[2:])
@@ -167,9 +167,12 @@ def _joined(cg, whole, env, torch_mode, outputs, views, streams):
 
 
 def _block_output(cg, r, env, torch_mode, outputs, views, streams):
-    """A new buffer for result ``r``, or, when ``r`` is block i of a token_concat, the view of
+    """A new buffer for graph output ``r``, the graph's scratch buffer for an intermediate
+    (:meth:`CompiledGraph.scratch`), or, when ``r`` is block i of a token_concat, the view of
     rows ``[B.0 + ... + B.(i-1), ...)`` of the joined buffer (no copy at the end)."""
     where = _concat_blocks(cg).get(r.name)
+    if where is None and r.name not in cg._outs:   # an intermediate: reused (a capture
+        return cg.scratch(r, r.name, env, torch_mode)  # allocates nothing)
     if where is None:
         return cg._output(r, r.name, env, torch_mode, outputs, views)
     whole, i = where

@@ -21,7 +21,8 @@ def pipeline_for(g: Graph, max_batch: int, cluster: int = 0, scheme: str = "auto
 def library_pipeline(g: Graph, split_tokens: int | None = None,
                      min_split_tokens: int = 4096) -> str:
     """The library path: views folded (``fold-views``), linears as cuBLAS GEMMs
-    (``lower-library``), the rest as CuPy kernels; with collectives, the tokens cut into ``split_tokens`` blocks (default 2)."""
+    (``lower-library``), the rest as CuPy kernels; with collectives, the tokens cut into
+    ``split_tokens`` blocks (default 2)."""
     parts = split_tokens if split_tokens is not None else (2 if _has_collectives(g) else 1)
     return (f"fold-views,fuse-allreduce-norm,split-tokens{{parts={parts},"
             f"min_tokens={min_split_tokens}}},lower-library")

@@ -7,8 +7,8 @@ runs the checked path; when it succeeds, a :class:`Plan` is kept for the signatu
 what only the signature decides: the bound dims, the output buffers' shapes and dtypes, each
 kernel's packed arguments (:class:`fusionc.runtime.params.ArgPack`) and which argument or
 output feeds each pointer slot. A later call with that signature reads the argument pointers,
-allocates the pure outputs and launches; nothing is checked again because nothing it checked
-can have changed. A misaligned address changes the signature, so it takes the checked path
+allocates the graph's outputs (intermediates are the graph's scratch buffers) and launches;
+nothing is checked again because nothing it checked can have changed. A misaligned address changes the signature, so it takes the checked path
 and gets its error.
 
 Graphs of kernel launches and GEMMs without a bias (``library_call``) run fully planned. Graphs
@@ -65,7 +65,7 @@ def _planned_run(cg, env, torch_mode, device):
 
     outs = {v.name for v in host.outputs}
 
-    def output(v, r):   # a buffer allocated per call for result r (typed like v)
+    def output(v, r):   # result r's buffer (typed like v): per call, or the graph's scratch
         index[r.name] = len(host.params) + len(allocs)
         if r.name in outs:
             allocs.append(arrays.allocator(v, env, torch_mode, device))
@@ -83,7 +83,7 @@ def _planned_run(cg, env, torch_mode, device):
         lk = cg._loaded[k.name]
         local = {p.name: index[a.name] for p, a in zip(k.params, op.operands)}
         result_of = {v.name: r for v, r in zip(k.outputs, op.results)}
-        for p in k.params[len(op.operands):]:  # pure outputs: allocated per call
+        for p in k.params[len(op.operands):]:  # pure outputs: allocated per call, or scratch
             local[p.name] = output(p, result_of[p.name])
         pack = lk.pack(env)
         steps.append(_launch_step(lk.launch_packed, pack,

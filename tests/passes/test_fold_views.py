@@ -82,6 +82,20 @@ def test_double_and_identity_views_go():
     assert low["g"].body[0].operands[0].name == "x"
 
 
+def test_an_output_view_that_cancels_names_its_producer():
+    @fc.graph
+    def g(x: T["B", 64], w: T[64, 64]):
+        h = fc.silu(fc.split_heads(fc.linear(x, w, name="h"), 4), name="a")
+        return fc.merge_heads(h, name="y")
+    low = run_pipeline(g, "fold-views")
+    assert [(op.name, op.result.name) for op in low["g"].body] == [("linear", "h"),
+                                                                  ("silu", "y")]
+    assert [v.name for v in low["g"].outputs] == ["y"]
+    args = _inputs(g, 2, np.random.default_rng(2))
+    assert np.array_equal(interpret(g, args)[0], interpret(low, args)[0])
+    run_pipeline(g, v2_pipeline(2))   # lowers: one kernel
+
+
 def test_views_that_do_not_cancel_stay_and_are_named():
     @fc.graph
     def g(x: T["B", 64], w: T[64, 64]):
@@ -109,3 +123,13 @@ def test_fusionc_ir_shows_the_pass(tmp_path, capsys):
                    "    return fc.linear(fc.merge_heads(h), w2, name='y')\n\n\nmodule = heads\n")
     assert main(["ir", str(src), "--lowering", "v2", "--after", "fold-views"]) == 0
     filecheck(capsys.readouterr().out, "CHECK: silu(%h) : f16[B, 64]\nCHECK-NOT: reshape")
+
+
+def test_an_output_add_of_two_views_folds():
+    @fc.graph
+    def g(x: T["B", 64], w: T[64, 64]):
+        s = fc.split_heads(fc.linear(x, w, name="h"), 4) + fc.split_heads(x, 4)
+        return fc.merge_heads(s, name="y")
+    low = run_pipeline(g, "fold-views")
+    assert [op.name for op in low["g"].body] == ["linear", "add"]
+    assert low["g"].body[-1].result.name == "y"

@@ -288,9 +288,38 @@ def test_v2_intermediates_are_reused_scratch(module, gpu, chain):
     assert [op.name for op in cg.host.body] == ["launch"] * (1 if chain else 2)
     a = _args(cg)
     cg(**a)
-    (buf, _), = cg._scratch.values()
+    buf, = cg._scratch.values()
     cg(**a)   # planned
     y = fake_cupy_array((2, SIZES["hidden"]), "float16")
     cg(**a, outputs={"0": y})   # the general path
-    assert len(cg._scratch) == 1 and next(iter(cg._scratch.values()))[0] is buf
-    assert gpu.launches == 3 * len(cg.host.body)
+    cg(**_args(cg, batch=1))   # a smaller batch: the buffer's leading rows
+    assert len(cg._scratch) == 1 and next(iter(cg._scratch.values())) is buf
+    assert gpu.launches == 4 * len(cg.host.body)
+    cg(**_args(cg, batch=8))   # a larger batch regrows the one buffer
+    big, = cg._scratch.values()
+    assert big.size == 8 * SIZES["intermediate"] > buf.size
+
+
+def test_library_path_intermediates_are_scratch_and_memory_stays_bounded(module, gpu,
+                                                                           monkeypatch):
+    """The library path (the v2 MLP at 64 rows: RMSNorm, GEMM, split, SiLU·mul, GEMM, add):
+    a warm call given its output allocates nothing (a decode step captured with no allocator
+    works), and batches of many sizes keep one buffer per intermediate."""
+    import fusionc
+    from fusionc.runtime import arrays, library
+    for f in ("rms_norm", "silu_mul", "add", "gemm"):
+        monkeypatch.setattr(library, f, lambda *a, **k: None)
+    cg = fusionc.compile(module, "mlp", max_batch=64)
+    assert not cg.kernels
+    y = fake_cupy_array((40, SIZES["hidden"]), "float16")
+    cg(**_args(cg, batch=40), outputs={"0": y})
+    made = []
+    real = arrays.empty_like_inputs
+    monkeypatch.setattr(arrays, "empty_like_inputs", lambda *a, **k: made.append(a) or real(*a))
+    cg(**_args(cg, batch=40), outputs={"0": y})
+    assert made == []
+    for b in (64, 3, 17, 64, 50):
+        cg(**_args(cg, batch=b))
+    names = sorted(k[0] for k in cg._scratch)
+    assert len(names) == len(set(names)) and max(x.size for x in cg._scratch.values()) <= \
+        64 * 2 * SIZES["intermediate"]

@@ -85,3 +85,11 @@ def test_v2_search_stores_the_fastest(tmp_store, monkeypatch):
     assert best.describe() == "wide chained" and len(results) == 4
     assert lookup(_mlp(), 4, 4096, lowering="v2") == {"path": "wide", "chain": True,
                                                      "us": 5.0, "candidates": 4}
+
+
+@pytest.mark.parametrize("rows", [0, -1, 2.5, True, None, "8"])
+def test_v2_path_refuses_a_batch_that_is_no_positive_int(rows):
+    from fusionc.cost.h200 import H200
+    from fusionc.errors import InputError
+    with pytest.raises(InputError, match="v2_path"):
+        H200.v2_path(rows)
