@@ -43,7 +43,7 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     (``HOST_ROWWISE``; others stay on the fused pipeline, whose ``partition-units`` names
     them). The rows are ``max_batch`` or a linear's static batch, whichever is larger."""
     from fusionc.cost.h200 import H200
-    from fusionc.lower.linear_v2 import MAX_BATCH_MMA, WIDE_ROWS, fused_rows
+    from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
     from fusionc.ir.ops.tokens import HOST_ROWWISE
     from fusionc.lower.match_v2 import unfused_ops
     from fusionc.passes.fold_views import fold_views
@@ -60,8 +60,19 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
             split_tokens is not None or runs:
         return library_pipeline(g, split_tokens, min_split_tokens)
     if path == "wide" and top == MAX_BATCH_MMA:
-        return v2_pipeline(max_batch, chain=True, rows=WIDE_ROWS)
+        return path_pipeline(g, max_batch, "wide", True)
     return v2_pipeline(max_batch)
+
+
+def path_pipeline(g: Graph, max_batch: int, path: str, chain: bool | None) -> str:
+    """The pipeline of lowering v2's ``path`` (``fusionc.cost.h200.Device.v2_path``'s names:
+    fused 64-row tiles, wide 128-row tiles, the library path); ``chain`` as
+    :func:`fusionc.passes.stream.v2_pipeline`'s."""
+    from fusionc.lower.linear_v2 import ROWS, WIDE_ROWS
+    from fusionc.passes.stream import v2_pipeline
+    if path == "library":
+        return library_pipeline(g)
+    return v2_pipeline(max_batch, chain=chain, rows=WIDE_ROWS if path == "wide" else ROWS)
 
 
 def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto") -> str:

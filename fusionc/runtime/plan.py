@@ -63,11 +63,9 @@ def _planned_run(cg, env, torch_mode, device):
     index = {p.name: i for i, p in enumerate(host.params)}
     allocs, steps = [], []
 
-    outs = {v.name for v in host.outputs}
-
     def output(v, r):   # result r's buffer (typed like v): per call, or the graph's scratch
         index[r.name] = len(host.params) + len(allocs)
-        if r.name in outs:
+        if r.name in cg._outs:
             allocs.append(arrays.allocator(v, env, torch_mode, device))
         else:   # an intermediate: the graph's scratch buffer (CompiledGraph.scratch)
             obj, view = cg.scratch(v, r.name, env, torch_mode)

@@ -46,14 +46,8 @@ class V2Choice:
 
     def compile_kwargs(self, g: Graph, max_batch: int) -> dict:
         """Keyword arguments of fusionc.compile that realize this choice for ``g``."""
-        from fusionc.lower.linear_v2 import WIDE_ROWS
-        from fusionc.passes.stream import v2_pipeline
-        from fusionc.runtime.pipelines import library_pipeline
-        if self.path == "library":
-            return dict(lowering="v2", pipeline=library_pipeline(g))
-        rows = WIDE_ROWS if self.path == "wide" else None
-        return dict(lowering="v2", pipeline=v2_pipeline(max_batch, chain=self.chain,
-                                                        **({"rows": rows} if rows else {})))
+        from fusionc.runtime.pipelines import path_pipeline
+        return dict(lowering="v2", pipeline=path_pipeline(g, max_batch, self.path, self.chain))
 
     def describe(self) -> str:
         return self.path + (" chained" if self.chain and self.path != "library" else "")
