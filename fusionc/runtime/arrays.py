@@ -6,6 +6,9 @@ pass bf16 data as ``uint16`` bit patterns (``fusionc.runtime.transfer`` converts
 """
 from __future__ import annotations
 
+from functools import reduce
+from operator import attrgetter, or_
+
 from fusionc.errors import DeviceError, InputError
 from fusionc.ir.nodes import Value
 from fusionc.ir.types import DType
@@ -145,20 +148,26 @@ def device_id() -> int:
 _SIG: dict = {}  # argument type -> its signature function (None: not an array fusionc takes)
 
 
-def _torch_sig(x):
+def _torch_sig(x, key: list) -> int:
     p = x.data_ptr()
-    return ("t", x.dtype, x.get_device(), x.shape, x.is_contiguous(), p & 15), p
+    key += (x.dtype, x.get_device(), x.shape, x.is_contiguous(), p & 15)
+    return p
 
 
-def _cupy_sig(x):
+def _cupy_sig(x, key: list) -> int:
     d = x.data
     p = d.ptr
-    return ("c", x.dtype, d.device_id, x.shape, x.strides, p & 15), p
+    key += (x.dtype, d.device_id, x.shape, x.strides, p & 15)
+    return p
+
+
+_FAST: dict = {}  # torch tensor type -> its (data_ptr, get_device, is_contiguous) methods
 
 
 def _sig_function(t):
     if t.__module__.startswith("torch"):
         f = _torch_sig
+        _FAST[t] = (t.data_ptr, t.get_device, t.is_contiguous)
     else:
         import cupy
         f = _cupy_sig if issubclass(t, cupy.ndarray) else None
@@ -166,26 +175,48 @@ def _sig_function(t):
     return f
 
 
-def signature(values) -> tuple | None:
-    """``(key, pointers)`` of argument list ``values``: ``key`` is hashable and fixes
-    everything :func:`as_cupy` and :func:`bind` check (array kind, dtype, device, shape, layout,
-    alignment of the address), ``pointers`` the device address of each. None when an argument
-    is not a CuPy array or a torch tensor (or its attributes cannot be read): the checked path
-    then says what is wrong."""
-    key, ptrs = [], []
-    for x in values:
-        f = _SIG.get(type(x), 0)
-        if f == 0:
-            f = _sig_function(type(x))
-        if f is None:
-            return None
+def signature(values, device: int) -> tuple | None:
+    """``(key, pointers)`` of argument list ``values`` on current device ``device``: ``key`` is
+    a flat hashable tuple that fixes everything :func:`as_cupy` and :func:`bind` check (array
+    kind, dtype, device, shape, layout, alignment of the address), ``pointers`` the device
+    address of each. None when an argument is not a CuPy array or a torch tensor (or its
+    attributes cannot be read): the checked path then says what is wrong.
+
+    All-torch arguments (the common case) are read attribute by attribute over the whole list
+    with ``map`` (no bytecode per argument; this is most of a planned call's host time,
+    BENCHMARKS.md "host overhead"), and their alignment is one OR of the addresses: any
+    misaligned one changes the key, and a misaligned call never records a plan."""
+    fast = None
+    if values:
+        t = type(values[0])
+        fast = _FAST.get(t)
+        if fast is None and t not in _SIG:   # first sight of this type: the same key at once
+            _sig_function(t)
+            fast = _FAST.get(t)
+    if fast is not None:
+        ptr, dev, contiguous = fast
         try:
-            k, p = f(x)
-        except Exception:  # noqa: BLE001 (e.g. a sparse tensor has no data_ptr)
-            return None
-        key.append(k)
-        ptrs.append(p)
+            ptrs = list(map(ptr, values))   # TypeError / AttributeError unless all tensors
+            return (device, "torch", tuple(map(_DTYPE, values)), tuple(map(dev, values)),
+                    tuple(map(_SHAPE, values)), tuple(map(contiguous, values)),
+                    reduce(or_, ptrs, 0) & 15), ptrs
+        except Exception:  # noqa: BLE001 (a CuPy array among them, a sparse tensor)
+            pass
+    key, ptrs = [device], []
+    try:
+        for x in values:
+            f = _SIG.get(type(x), 0)
+            if f == 0:
+                f = _sig_function(type(x))
+            if f is None:
+                return None
+            ptrs.append(f(x, key))
+    except Exception:  # noqa: BLE001 (e.g. a sparse tensor has no data_ptr)
+        return None
     return tuple(key), ptrs
+
+
+_DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("shape")
 
 
 def unchecked_view(x, p: Value, cache: dict | None = None):
@@ -206,25 +237,28 @@ def unchecked_view(x, p: Value, cache: dict | None = None):
 
 
 def allocator(v: Value, env: dict[str, int], torch_mode: bool, device: int):
-    """A function of no arguments allocating a new output buffer for ``v`` (like
-    :func:`empty_like_inputs`) on ``device``: returns ``(buffer, device pointer)``."""
+    """A function ``alloc(stream)`` allocating a new output buffer for ``v`` (like
+    :func:`empty_like_inputs`) on ``device``: returns ``(buffer, device pointer)``. ``stream``
+    (the caller's stream handle, None while capturing) is not used yet: outputs carved from a
+    block per stream were measured ~2-4 us faster but dropped, since views of one block differ
+    from fresh tensors under autograd and inference mode (BENCHMARKS.md, host overhead)."""
     shape = v.type.concrete(env)
-    if torch_mode:
-        import torch
-        empty, dt = torch.empty, getattr(torch, _TORCH[v.type.dtype])
-        dev = torch.device("cuda", device)
+    if not torch_mode:
+        import cupy
+        empty, dt = cupy.empty, cupy.dtype(_CUPY[v.type.dtype])
 
-        def alloc_torch():
-            t = empty(shape, dtype=dt, device=dev)
-            return t, t.data_ptr()
-        return alloc_torch
-    import cupy
-    empty, dt = cupy.empty, cupy.dtype(_CUPY[v.type.dtype])
+        def alloc_cupy(stream):
+            a = empty(shape, dt)
+            return a, a.data.ptr
+        return alloc_cupy
+    import torch
+    empty, dt = torch.empty, getattr(torch, _TORCH[v.type.dtype])
+    dev = torch.device("cuda", device)
 
-    def alloc_cupy():
-        a = empty(shape, dt)
-        return a, a.data.ptr
-    return alloc_cupy
+    def alloc_torch(stream):
+        t = empty(shape, dtype=dt, device=dev)
+        return t, t.data_ptr()
+    return alloc_torch
 
 
 def require_gpu() -> None:

@@ -14,6 +14,7 @@ import math
 from fusionc.errors import CompileError, InputError
 from fusionc.ir.nodes import Graph, Module, Value
 from fusionc.runtime import arrays
+from fusionc.runtime.plan import tuple_getter
 from fusionc.runtime.pipelines import default_lowering, pipeline_for, prefill, v2_default_pipeline
 
 
@@ -245,8 +246,9 @@ class CompiledGraph:
         self.comm, self.side_ctas = comm, side_ctas
         self.concat_blocks = None   # token_concat blocks (fusionc.runtime.host_ops)
         self._loaded, self._side, self._captured = {}, None, []
-        self._plans: dict = {}   # (device, argument signature) -> fusionc.runtime.plan.Plan
+        self._plans: dict = {}   # arrays.signature key (device first) -> plan.Plan
         self._names = tuple(p.name for p in host.params)
+        self._by_name = tuple_getter(self._names)   # {name: x} -> the values in order
         self._outs = {v.name for v in host.outputs}
         self._scratch: dict = {}   # (result, dtype, torch mode, device) -> flat buffer
 
@@ -282,11 +284,17 @@ class CompiledGraph:
                 alignment, a missing or unexpected argument, a batch over ``max_batch``.
             DeviceError: no usable GPU, or a CUDA call failed.
         """
-        vals = self._ordered(args, kwargs)
-        sig = arrays.signature(vals) if vals is not None else None
+        if args or len(kwargs) != len(self._names):
+            vals = self._ordered(args, kwargs)
+        else:   # all by name, the common call: the values in parameter order in one C call
+            try:
+                vals = list(self._by_name(kwargs))
+            except KeyError:
+                vals = None
+        sig = arrays.signature(vals, arrays.device_id()) if vals is not None else None
         if sig is None:
             return self._checked(args, kwargs, outputs, None)
-        key = (arrays.device_id(), sig[0])
+        key = sig[0]
         plan = self._plans.get(key)
         if plan is None:
             return self._checked(args, kwargs, outputs, key)
@@ -302,13 +310,10 @@ class CompiledGraph:
         names = self._names
         if len(args) + len(kwargs) != len(names):
             return None
-        vals = list(args)
-        if kwargs:
-            try:
-                vals += [kwargs[n] for n in names[len(args):]]
-            except KeyError:
-                return None
-        return vals
+        try:
+            return list(args) + [kwargs[n] for n in names[len(args):]]
+        except KeyError:
+            return None
 
     def _checked(self, args, kwargs, outputs, key):
         """The checked call; records the plan of signature ``key`` when it succeeds."""

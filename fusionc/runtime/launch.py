@@ -146,7 +146,7 @@ class LoadedKernel:
     streams at the same time (they would share the counters), nor be launched from two threads
     at once (its packed arguments are rewritten by every launch).
 
-    :meth:`launch` checks its arguments; :meth:`pack` and :meth:`launch_packed` are the
+    :meth:`launch` checks its arguments; :meth:`pack` and :meth:`launcher` are the
     cached path of :class:`fusionc.runtime.compiled.CompiledGraph` (arguments packed once per
     run-time dims, the launch configuration built once per stream).
     """
@@ -241,6 +241,27 @@ class LoadedKernel:
         r = self._launch(cfg, self.function, pack.address, 0)
         if r[0]:
             check(r, f"launching {self.compiled.source.name}")
+
+    def launcher(self, pack: ArgPack, get):
+        """:meth:`launch_packed` with ``pack`` as one closure ``go(values, stream)`` that
+        launches with the pointers ``get(values)`` (the planned call's path: one Python frame
+        per launch, a third of a call's host time being frames on a slow host CPU)."""
+        if pack.skip:
+            return lambda values, stream: None
+        fill, configs, launch = pack.fill, self._configs, self._launch
+        fn, address, what = self.function, pack.address, f"launching {self.compiled.source.name}"
+        plain = pack.plain_only
+
+        def go(values, stream):
+            if plain is not None:
+                plain[:] = get(values)
+            else:
+                fill(get(values))
+            cfg = configs.get(stream)
+            r = launch(cfg if cfg is not None else self._config(stream), fn, address, 0)
+            if r[0]:
+                check(r, what)
+        return go
 
     def _config(self, stream: int):
         """The launch configuration on stream handle ``stream`` (built once per stream)."""

@@ -108,6 +108,8 @@ class ArgPack:
         self.slots = slots  # keeps the storage alive
         self.address = ctypes.addressof(self.argv)
         self.skip = False   # set by the loader: launches that have nothing to compute
+        # fill(ptrs) is `plain_only[:] = ptrs` when every per-launch slot is a plain pointer
+        self.plain_only = self.ptrs if plain and not self.custom else None
 
     def fill(self, ptrs) -> None:
         """Write the device pointers ``ptrs`` (one per :attr:`names`) into their slots."""

@@ -7,14 +7,16 @@ runs the checked path; when it succeeds, a :class:`Plan` is kept for the signatu
 what only the signature decides: the bound dims, the output buffers' shapes and dtypes, each
 kernel's packed arguments (:class:`fusionc.runtime.params.ArgPack`) and which argument or
 output feeds each pointer slot. A later call with that signature reads the argument pointers,
-allocates the graph's outputs (intermediates are the graph's scratch buffers) and launches;
-nothing is checked again because nothing it checked can have changed. A misaligned address changes the signature, so it takes the checked path
-and gets its error.
+allocates the graph's outputs (:func:`fusionc.runtime.arrays.allocator`; intermediates are
+the graph's scratch buffers) and
+launches (:meth:`fusionc.runtime.launch.LoadedKernel.launcher`: one closure per kernel);
+nothing is checked again because nothing it checked can have changed. A misaligned address
+changes the signature, so it takes the checked path and gets its error.
 
 Graphs of kernel launches and GEMMs without a bias (``library_call``) run fully planned. Graphs
-with a biased GEMM, other host ops or collectives, and
-calls given ``outputs=``, run the general path with the signature's checks and dims reused
-(:meth:`Plan.views`: CuPy views of torch arguments made without checks, cached per address).
+with a biased GEMM, other host ops or collectives, and calls given ``outputs=``, run the
+general path with the signature's checks and dims reused (:meth:`Plan.views`: CuPy views of
+torch arguments made without checks, cached per address).
 """
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def _planned_run(cg, env, torch_mode, device):
         else:   # an intermediate: the graph's scratch buffer (CompiledGraph.scratch)
             obj, view = cg.scratch(v, r.name, env, torch_mode)
             ptr = obj.data_ptr() if torch_mode else obj.data.ptr
-            allocs.append(lambda obj=obj, ptr=ptr: (obj, ptr))
+            allocs.append(lambda stream, obj=obj, ptr=ptr: (obj, ptr))
         return index[r.name]
 
     for op in host.body:
@@ -84,32 +86,28 @@ def _planned_run(cg, env, torch_mode, device):
         for p in k.params[len(op.operands):]:  # pure outputs: allocated per call, or scratch
             local[p.name] = output(p, result_of[p.name])
         pack = lk.pack(env)
-        steps.append(_launch_step(lk.launch_packed, pack,
-                                  tuple_getter(local[n] for n in pack.names)))
+        steps.append(lk.launcher(pack, tuple_getter(local[n] for n in pack.names)))
         for p, a in zip(k.params, op.operands):  # updated in place (KV caches)
             if p.name in result_of:
                 index[result_of[p.name].name] = index[a.name]
     result = tuple_getter(index[v.name] for v in host.outputs)
-    stream_of, capturing = arrays.stream_getter(torch_mode), arrays.is_capturing
+    import cupy
+    stream_of = arrays.stream_getter(torch_mode)
+    capturing = cupy.cuda.runtime.streamIsCapturing   # (arrays.is_capturing, one frame less)
 
     def run(cg, args, ptrs):
         stream = stream_of()
-        for alloc in allocs:
-            obj, ptr = alloc()
+        capture = capturing(stream)
+        for alloc in allocs:   # a capture's outputs are allocated plainly (arrays.allocator)
+            obj, ptr = alloc(None if capture else stream)
             args.append(obj)
             ptrs.append(ptr)
         for step in steps:
             step(ptrs, stream)
-        if capturing(stream):  # the graph's replays write into these buffers
+        if capture:  # the graph's replays write into these buffers
             cg._captured.append(tuple(args))
         return result(args)
     return run
-
-
-def _launch_step(launch, pack, get):
-    def step(ptrs, stream):
-        launch(pack, get(ptrs), stream)
-    return step
 
 
 def _gemm_step(op, env, device, index, out):

@@ -104,3 +104,24 @@ def test_planned_call_captured_in_a_cuda_graph():
          for k, v in host.items()}
     eager, captured = torch_capture(fn, t)   # the captured call is planned
     assert torch.equal(captured, eager) and len(fn._captured) == 1
+
+
+def test_pooled_torch_outputs_stay_independent():
+    """Every kept torch output of a planned call holds its own call's result, on the default
+    stream and on a second one."""
+    torch = pytest.importorskip("torch")
+    g, fn = _mlp()
+    seeds = [random_inputs(g, 2, [1, 1], np.random.default_rng(s)) for s in range(3)]
+    args = [{k: torch.tensor(v).to(torch.float16 if v.dtype.kind == "f" else torch.int32).cuda()
+             for k, v in h.items()} for h in seeds]
+    first = [fn(**a)[0].clone() for a in args]
+    kept = [(i % 3, fn(**args[i % 3])[0]) for i in range(40)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kept += [(i % 3, fn(**args[i % 3])[0]) for i in range(40)]
+    torch.cuda.synchronize()
+    assert len({y.data_ptr() for _, y in kept}) == len(kept)
+    for i, y in kept:
+        assert torch.equal(y, first[i])
+    record("call cache", "80 pooled torch outputs kept, two streams", "equal")

@@ -323,3 +323,4 @@ def test_library_path_intermediates_are_scratch_and_memory_stays_bounded(module,
     names = sorted(k[0] for k in cg._scratch)
     assert len(names) == len(set(names)) and max(x.size for x in cg._scratch.values()) <= \
         64 * 2 * SIZES["intermediate"]
+
