@@ -109,30 +109,12 @@ class FakeTensor:
     def cpu(self):
         return FakeTensor(self.shape, self.dtype, self._ptr, None)
 
-    # the views fusionc takes: flat[:n].reshape(shape) (CompiledGraph.scratch), and of the
-    # output pool's [blocks, row] block (arrays.allocator) block[:, :n] (or block[:, 0]),
-    # .unflatten(1, shape), .unbind(0)
+    # the view CompiledGraph.scratch takes: flat[:n].reshape(shape)
     def __getitem__(self, key):
-        if isinstance(key, slice):
-            return FakeTensor((key.stop,), self.dtype, self._ptr)
-        cols = key[1]
-        shape = (self.shape[0], cols.stop) if isinstance(cols, slice) else (self.shape[0],)
-        return self._rows(shape, self.shape[1] * self.dtype.itemsize)
+        return FakeTensor((key.stop,), self.dtype, self._ptr)
 
     def reshape(self, shape):
         return FakeTensor(shape, self.dtype, self._ptr)
-
-    def unflatten(self, dim, sizes):
-        return self._rows((self.shape[0], *sizes), self._row)
-
-    def unbind(self, dim):
-        return tuple(FakeTensor(self.shape[1:], self.dtype, self._ptr + i * self._row)
-                     for i in range(self.shape[0]))
-
-    def _rows(self, shape, row_bytes):
-        t = FakeTensor(shape, self.dtype, self._ptr)
-        t._row = row_bytes
-        return t
 
     def __repr__(self):
         return f"FakeTensor({list(self.shape)}, {self.dtype}, {self._ptr:#x})"

@@ -167,7 +167,8 @@ _FAST: dict = {}  # torch tensor type -> its (data_ptr, get_device, is_contiguou
 def _sig_function(t):
     if t.__module__.startswith("torch"):
         f = _torch_sig
-        _FAST[t] = (t.data_ptr, t.get_device, t.is_contiguous)
+        if all(hasattr(t, m) for m in ("data_ptr", "get_device", "is_contiguous")):
+            _FAST[t] = (t.data_ptr, t.get_device, t.is_contiguous)
     else:
         import cupy
         f = _cupy_sig if issubclass(t, cupy.ndarray) else None
@@ -237,17 +238,16 @@ def unchecked_view(x, p: Value, cache: dict | None = None):
 
 
 def allocator(v: Value, env: dict[str, int], torch_mode: bool, device: int):
-    """A function ``alloc(stream)`` allocating a new output buffer for ``v`` (like
-    :func:`empty_like_inputs`) on ``device``: returns ``(buffer, device pointer)``. ``stream``
-    (the caller's stream handle, None while capturing) is not used yet: outputs carved from a
-    block per stream were measured ~2-4 us faster but dropped, since views of one block differ
-    from fresh tensors under autograd and inference mode (BENCHMARKS.md, host overhead)."""
+    """A function of no arguments allocating a new output buffer for ``v`` (like
+    :func:`empty_like_inputs`) on ``device``: returns ``(buffer, device pointer)``. (Outputs
+    carved from one block were ~2-4 µs faster but behave unlike fresh tensors under autograd
+    and inference mode: BENCHMARKS.md, host overhead.)"""
     shape = v.type.concrete(env)
     if not torch_mode:
         import cupy
         empty, dt = cupy.empty, cupy.dtype(_CUPY[v.type.dtype])
 
-        def alloc_cupy(stream):
+        def alloc_cupy():
             a = empty(shape, dt)
             return a, a.data.ptr
         return alloc_cupy
@@ -255,7 +255,7 @@ def allocator(v: Value, env: dict[str, int], torch_mode: bool, device: int):
     empty, dt = torch.empty, getattr(torch, _TORCH[v.type.dtype])
     dev = torch.device("cuda", device)
 
-    def alloc_torch(stream):
+    def alloc_torch():
         t = empty(shape, dtype=dt, device=dev)
         return t, t.data_ptr()
     return alloc_torch

@@ -66,6 +66,10 @@ def _sm_count() -> int | None:
     return None
 
 
+def _same(values):
+    return values
+
+
 def _launch_config(src, stream: int, query: bool = False, blocks: int | None = None):
     """The ``CUlaunchConfig`` of kernel ``src`` on stream handle ``stream``: ``src.blocks`` CTAs
     of ``src.threads`` threads, its dynamic shared memory, the cluster dimension as an attribute
@@ -232,20 +236,13 @@ class LoadedKernel:
         """Launch with ``pack`` (from :meth:`pack`) and the device pointers ``ptrs`` of
         ``pack.names`` on stream handle ``stream``, unchecked: the caller has checked the
         arguments (shapes, dtypes, layout and alignment). DeviceError if the launch fails."""
-        if pack.skip:
-            return   # a persistent kernel over an empty batch: nothing to compute
-        pack.fill(ptrs)
-        cfg = self._configs.get(stream)
-        if cfg is None:
-            cfg = self._config(stream)
-        r = self._launch(cfg, self.function, pack.address, 0)
-        if r[0]:
-            check(r, f"launching {self.compiled.source.name}")
+        self.launcher(pack, _same)(ptrs, stream)
 
     def launcher(self, pack: ArgPack, get):
-        """:meth:`launch_packed` with ``pack`` as one closure ``go(values, stream)`` that
-        launches with the pointers ``get(values)`` (the planned call's path: one Python frame
-        per launch, a third of a call's host time being frames on a slow host CPU)."""
+        """A closure ``go(values, stream)`` launching with ``pack`` and the pointers
+        ``get(values)`` (the planned call's path: one Python frame per launch; Python frames are
+        a third of a call's host time on a slow host CPU). Nothing for a persistent kernel over
+        an empty batch."""
         if pack.skip:
             return lambda values, stream: None
         fill, configs, launch = pack.fill, self._configs, self._launch

@@ -72,7 +72,7 @@ def _planned_run(cg, env, torch_mode, device):
         else:   # an intermediate: the graph's scratch buffer (CompiledGraph.scratch)
             obj, view = cg.scratch(v, r.name, env, torch_mode)
             ptr = obj.data_ptr() if torch_mode else obj.data.ptr
-            allocs.append(lambda stream, obj=obj, ptr=ptr: (obj, ptr))
+            allocs.append(lambda obj=obj, ptr=ptr: (obj, ptr))
         return index[r.name]
 
     for op in host.body:
@@ -97,14 +97,13 @@ def _planned_run(cg, env, torch_mode, device):
 
     def run(cg, args, ptrs):
         stream = stream_of()
-        capture = capturing(stream)
-        for alloc in allocs:   # a capture's outputs are allocated plainly (arrays.allocator)
-            obj, ptr = alloc(None if capture else stream)
+        for alloc in allocs:
+            obj, ptr = alloc()
             args.append(obj)
             ptrs.append(ptr)
         for step in steps:
             step(ptrs, stream)
-        if capture:  # the graph's replays write into these buffers
+        if capturing(stream):  # the graph's replays write into these buffers
             cg._captured.append(tuple(args))
         return result(args)
     return run
