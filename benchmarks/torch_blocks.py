@@ -22,21 +22,47 @@ def rope(x, positions, theta):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
 
 
+def _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta):
+    """RMSNorm, the fused QKV projection, RoPE on q and k: q [B, H, D], k [B, KV, D], v flat."""
+    B = x.shape[0]
+    q, k, v = (rms_norm(x, attn_norm, eps) @ w_qkv.t()).split(
+        [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+    return (rope(q.view(B, heads, head_dim), positions, theta),
+            rope(k.view(B, kv_heads, head_dim), positions, theta), v)
+
+
 def attention_block(x, attn_norm, w_qkv, w_o, k_cache, v_cache, positions, seq_len: int, *,
                     heads, kv_heads, head_dim, eps, theta):
     """One decode step; every row attends over ``seq_len`` tokens (the new one last)."""
     B = x.shape[0]
-    h = rms_norm(x, attn_norm, eps)
-    q, k, v = (h @ w_qkv.t()).split([heads * head_dim, kv_heads * head_dim,
-                                     kv_heads * head_dim], -1)
-    q = rope(q.view(B, heads, head_dim), positions, theta)
-    k = rope(k.view(B, kv_heads, head_dim), positions, theta)
+    q, k, v = _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta)
     rows = torch.arange(B, device=x.device)
     k_cache[rows, positions] = k
     v_cache[rows, positions.long()] = v.view(B, kv_heads, head_dim)
     kk = k_cache[:, :seq_len].transpose(1, 2)  # [B, Hkv, S, D]
     vv = v_cache[:, :seq_len].transpose(1, 2)
     o = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, enable_gqa=heads != kv_heads)
+    return x + o.reshape(B, heads * head_dim) @ w_o.t()
+
+
+def attention_block_hf(x, attn_norm, w_qkv, w_o, k_hf, v_hf, positions, seq_len: int, *,
+                       heads, kv_heads, head_dim, eps, theta, form="sdpa"):
+    """:func:`attention_block` over caches in the layout of transformers, contiguous
+    ``[B, kv_heads, max_seq, head_dim]``, where SDPA keeps its fast paths. ``form``: ``"sdpa"``
+    (``F.scaled_dot_product_attention`` with GQA) or ``"matmul"`` (the query heads of a KV head
+    as one matrix: q·Kᵀ, fp32 softmax, P·V, as HF's eager attention without the K/V repeat)."""
+    B = x.shape[0]
+    q, k, v = _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta)
+    rows, pos = torch.arange(B, device=x.device), positions.long()
+    k_hf[rows, :, pos] = k
+    v_hf[rows, :, pos] = v.view(B, kv_heads, head_dim)
+    kk, vv = k_hf[:, :, :seq_len], v_hf[:, :, :seq_len]
+    if form == "sdpa":
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, enable_gqa=heads != kv_heads)
+    else:
+        qg = q.view(B, kv_heads, heads // kv_heads, head_dim)
+        s = (qg @ kk.transpose(-1, -2)).float() * head_dim ** -0.5
+        o = s.softmax(-1).to(x.dtype) @ vv
     return x + o.reshape(B, heads * head_dim) @ w_o.t()
 
 

@@ -52,6 +52,9 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
     from fusionc.codegen.streamed import generate_streamed, is_streamed
     if is_streamed(kernel):
         return generate_streamed(kernel, options)
+    from fusionc.codegen.attn_units import attn_op, generate_attn_units
+    if attn_op(kernel) is not None:
+        return generate_attn_units(kernel, options)
     checks.check_kernel(kernel)
     ops = flatten(kernel)
     plan = plan_smem(kernel, lambda op: emitters.scratch_bytes(op, kernel), emitters.is_view)

@@ -356,7 +356,8 @@ def _block(op: Op, code: str) -> str:
     return "\n".join(lines + ["}"])
 
 
-def _params(kernel: Graph, p: StreamPlan) -> list[KernelParam]:
+def tensor_params(kernel: Graph) -> list[KernelParam]:
+    """One pointer argument per kernel parameter, const unless the kernel returns it."""
     outputs = {v.name for v in kernel.outputs}
     out = []
     for v in kernel.params:
@@ -365,6 +366,21 @@ def _params(kernel: Graph, p: StreamPlan) -> list[KernelParam]:
         out.append(KernelParam(ptr, "tensor",
                                f"{const}{cnames.ctype(v.type.dtype)}* __restrict__ {ptr}",
                                value=v))
+    return out
+
+
+def tail_params(kernel: Graph) -> list[KernelParam]:
+    """The symbolic dims, then the global workspace and the counters."""
+    from fusionc.codegen.generate import symbols
+    out = [KernelParam(cnames.dim_name(s), "dim", f"const int {cnames.dim_name(s)}", symbol=s)
+           for s in symbols(kernel)]
+    out.append(KernelParam("fc_ws", "workspace", "float* __restrict__ fc_ws"))
+    out.append(KernelParam("fc_counters", "counters", "unsigned* __restrict__ fc_counters"))
+    return out
+
+
+def _params(kernel: Graph, p: StreamPlan) -> list[KernelParam]:
+    out = tensor_params(kernel)
     from fusionc.codegen.ops_stream import tmap
     issues = [op for ph in p.phases for op in ph.units.regions[0] if op.name == "ring_issue"]
     geo = ring_geometry(p.ring) if p.ring is not None else None
@@ -376,10 +392,4 @@ def _params(kernel: Graph, p: StreamPlan) -> list[KernelParam]:
             out.append(KernelParam(tmap(v), "tensormap",
                                    f"const __grid_constant__ FcTensorMap {tmap(v)}", value=v,
                                    box=(geo.box_cols, rows)))
-    from fusionc.codegen.generate import symbols
-    for s in symbols(kernel):
-        out.append(KernelParam(cnames.dim_name(s), "dim", f"const int {cnames.dim_name(s)}",
-                               symbol=s))
-    out.append(KernelParam("fc_ws", "workspace", "float* __restrict__ fc_ws"))
-    out.append(KernelParam("fc_counters", "counters", "unsigned* __restrict__ fc_counters"))
-    return out
+    return out + tail_params(kernel)

@@ -138,7 +138,7 @@ def _lower(g, args, out: pathlib.Path):
     lowering = getattr(args, "lowering", "auto")
     if lowering == "auto":
         from fusionc.runtime.pipelines import default_lowering
-        lowering = default_lowering(g, args.cluster, args.scheme)
+        lowering = default_lowering(g, args.cluster, args.scheme, max_batch)
     if lowering == "v2" and (args.cluster or args.scheme != "auto"):
         from fusionc.errors import InputError
         raise InputError(f"--cluster {args.cluster} / --scheme {args.scheme} with --lowering v2",

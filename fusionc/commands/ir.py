@@ -130,8 +130,9 @@ def run_passes(module, args):
     default = DEFAULT_PIPELINE
     if getattr(args, "lowering", "v1") == "auto":
         from fusionc.runtime.pipelines import default_lowering
-        args.lowering = "v2" if all(default_lowering(g) == "v2" for g in module.graphs
-                                    if g.kind == "graph") else "v1"
+        mb = getattr(args, "max_batch", None) or 8
+        args.lowering = "v2" if all(default_lowering(g, max_batch=mb) == "v2"
+                                    for g in module.graphs if g.kind == "graph") else "v1"
     if getattr(args, "lowering", "v1") == "v2":
         default = _v2_default(module, args)
     passes = parse_pipeline(args.passes or default)

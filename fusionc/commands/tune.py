@@ -42,7 +42,8 @@ def setup(p):
         for g in module.graphs:
             if g.kind != "graph" or args.graph not in (None, g.name):
                 continue
-            low = default_lowering(g) if args.lowering == "auto" else args.lowering
+            low = default_lowering(g, max_batch=args.batch) if args.lowering == "auto" \
+                else args.lowering
             if args.compile_only:
                 n = len(compile_candidates(g, args.batch, args.kv_len, lowering=low))
                 print(f"@{g.name}: {n} candidates of lowering {low} compiled")

@@ -54,6 +54,8 @@ def unfused_ops(g: Graph) -> list[Op]:
     found = linear_kernels(g)
     folded = {id(o) for k in found for o in k.absorbed}
     folded |= {id(k.norm) for k in found if k.norm is not None}
+    from fusionc.lower.attention_v2 import attention_cores
+    folded |= {id(o) for c in attention_cores(g) for o in c.absorbed}
     return [op for op in g.body if op.name != "linear" and id(op) not in folded]
 
 

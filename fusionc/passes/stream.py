@@ -8,9 +8,10 @@ NAME``:
     ``group_flush``; the graph launches it. With ``chain``, linears that feed each other
     (:func:`fusionc.lower.match_v2.chains`) share one kernel, a ``units`` region (phase) each:
     each flush of a phase signals its K chunk of the next (``group_flush {signal, per}``), whose
-    producer waits on it (``counter_wait {slot = step, reset = exit}``). Other ops are refused
-    by name (v2 lowers linear layers and the norm and elementwise ops around them so far;
-    attention blocks take ``lowering = v1``). A batch bucket past the fused kernels' is refused
+    producer waits on it (``counter_wait {slot = step, reset = exit}``). An attention block's
+    core (split, views, QK-norm, RoPE, KV append, decode attention:
+    :func:`fusionc.lower.attention_v2.attention_cores`) becomes one ``attn_units`` kernel
+    between the QKV and output projections. Other ops are refused by name. A batch bucket past the fused kernels' is refused
     by name; ``fusionc.compile``'s default takes the library path there. ``rows``: weight rows
     per tile, 64 or 128 (tensor cores: one warpgroup per 64 rows over whole chunks, so each
     activation box serves twice the weight rows).
@@ -123,14 +124,22 @@ class PartitionUnits(Pass):
         specs = {id(k.linear): k for k in found}
         cut = chains(g, found) if self.chain else [[k] for k in found]
         chain_of = {id(k.linear): c for c in cut for k in c}
+        from fusionc.lower.attention_v2 import attention_cores
+        cores = {id(c.attention): c for c in attention_cores(g)}
         folded = {id(o) for k in specs.values() for o in k.absorbed}
         folded |= {id(k.norm) for k in specs.values() if k.norm is not None}
+        folded |= {id(o) for c in cores.values() for o in c.absorbed}
         made = {p.name for p in g.params}
         kernels, body = [], []
         for i, op in enumerate(g.body):
             if op.name == "launch":
                 raise PassError("the graph is already lowered (it launches kernels)",
                                 op=self.name, loc=op.loc, valid="partition-units once, on graph IR")
+            if id(op) in cores:
+                k, launch = self._core(cores[id(op)], _kernel_name(g, i, module), made)
+                kernels.append(k)
+                body.append(launch)
+                continue
             if id(op) in folded:
                 continue
             if op.name == "reshape":
@@ -142,7 +151,8 @@ class PartitionUnits(Pass):
                 raise LoweringError("not lowered by lowering v2 yet", op=op.name, loc=op.loc,
                                     valid="linear layers with an rms_norm before them and "
                                           "bias, silu, silu_mul (of a split), add, mul or cast "
-                                          "after them; attention blocks on lowering='v1'")
+                                          "after them, and attention blocks in the form "
+                                          "of fusionc.models.blocks; others on lowering='v1'")
             if op.operands[1].name not in {p.name for p in g.params}:
                 raise LoweringError(f"the weight %{op.operands[1].name} is computed in "
                                     "the graph", op=op.name, loc=op.loc,
@@ -165,6 +175,23 @@ class PartitionUnits(Pass):
             kernels.append(k)
             body.append(_op("launch", ins, outs, op.loc, kernel=SymbolRef(k.name)))
         return kernels, g.replace(body=tuple(body))
+
+
+    def _core(self, core, name: str, made: set) -> tuple[Graph, Op]:
+        """The attention-units kernel of ``core`` and the op launching it."""
+        from fusionc.lower.attention_v2 import lower_core
+        k = lower_core(core, name, self.max_batch)
+        ins = k.params[:len(k.params) - 1]   # o_flat, the pure output, is last
+        for v in ins:
+            if v.name not in made:
+                raise LoweringError(f"%{v.name} is folded into another kernel, but read here",
+                                    op=core.attention.name, loc=core.attention.loc,
+                                    valid="a QKV projection whose output only the attention "
+                                          "core reads")
+        made.update(v.name for v in (core.out, *core.results))
+        launch = _op("launch", ins, (core.out, *core.results), core.attention.loc,
+                     kernel=SymbolRef(k.name))
+        return k, launch
 
 
 def _kernel_name(g: Graph, i: int, module: Module) -> str:

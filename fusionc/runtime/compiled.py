@@ -94,7 +94,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     check_fp32_attrs(module[name])
     if lowering is None:
         lowering = "v1" if pipeline is not None else \
-            default_lowering(module[name], cluster, scheme)
+            default_lowering(module[name], cluster, scheme, max_batch)
     if lowering == "v2" and pipeline is None:
         pipeline = _tuned_v2(module[name], max_batch, kv_len, autotune, split_tokens) or \
             v2_default_pipeline(module[name], max_batch, split_tokens, min_split_tokens)

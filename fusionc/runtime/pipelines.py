@@ -56,6 +56,9 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     left = unfused_ops(g)   # the library runs them, or partition-units names them
     runs = bool(left) and all(op.name in HOST_ROWWISE for op in left)
     path = H200.v2_path(rows)
+    if any(op.name == "decode_attention" for op in g.body):   # no library attention
+        wide = path == "wide" and top == MAX_BATCH_MMA
+        return path_pipeline(g, max_batch, "wide" if wide else "fused", None)
     if top is not None and (rows > top or path == "library") or \
             split_tokens is not None or runs:
         return library_pipeline(g, split_tokens, min_split_tokens)
@@ -75,14 +78,28 @@ def path_pipeline(g: Graph, max_batch: int, path: str, chain: bool | None) -> st
     return v2_pipeline(max_batch, chain=chain, rows=WIDE_ROWS if path == "wide" else ROWS)
 
 
-def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto") -> str:
+def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
+                     max_batch: int = 8) -> str:
     """``fusionc.compile``'s lowering when none is given: ``"v2"`` (streamed kernels, the
-    library path where measured faster) for graphs without attention, MLA, RoPE, a KV-cache
-    append or collectives, unless a v1 option is set (``cluster``, ``scheme``: the cluster
-    kernels' choices); ``"v1"`` otherwise (attention blocks and tensor-parallel layers are not
-    on v2 yet: issues 22 and 28)."""
-    v1_only = any(op.name in _DECODE_ONLY or op.name.startswith("all_reduce") for op in g.body)
-    return "v1" if v1_only or cluster != 0 or scheme != "auto" else "v2"
+    library path where measured faster; attention blocks as v2 linears around attention units)
+    unless a v1 option is set (``cluster``, ``scheme``: the cluster kernels' choices) or the
+    graph holds what v2 does not take yet: MLA, collectives, an attention outside the block
+    form or of a geometry the units refuse (:func:`fusionc.lower.attention_v2.covers`), or an
+    attention block past the fused linears' batch bucket (128 rows on tensor cores). v2 was
+    faster than v1 at all 18 attention points measured (BENCHMARKS.md, issue 22)."""
+    from fusionc.lower.attention_v2 import covers
+    from fusionc.lower.linear_v2 import fused_rows
+    if cluster != 0 or scheme != "auto":
+        return "v1"
+    if any(op.name.startswith("all_reduce") or op.name == "mla_decode_attention"
+           for op in g.body):
+        return "v1"
+    if any(op.name in _DECODE_ONLY for op in g.body):
+        from fusionc.passes.fold_views import fold_views
+        top = fused_rows(g)
+        if not covers(fold_views(g)) or top is None or max_batch > top:
+            return "v1"
+    return "v2"
 
 
 PREFILL_TOKENS = 256

@@ -56,7 +56,8 @@ class V2Choice:
 def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1") -> list:
     """Lowering v1: cluster sizes x QKV/gate-up schemes x gemv loads in flight. Lowering v2:
     the paths that can realize ``g`` at ``max_batch`` rows (fused up to its bucket, 128-row
-    tiles where every linear is on tensor cores, the library path always)."""
+    tiles where every linear is on tensor cores, the library path unless the graph attends:
+    the library has no attention)."""
     if lowering == "v1":
         return [Choice(c, s, u) for c in (1, 2, 4, 8, 16) for s in ("splitk", "splitn")
                 for u in (8, 16)]
@@ -67,6 +68,8 @@ def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1")
         out += [V2Choice("fused", False), V2Choice("fused", True)]
         if top == MAX_BATCH_MMA:
             out.append(V2Choice("wide", True))
+    if g is not None and any(op.name == "decode_attention" for op in g.body):
+        return out
     return out + [V2Choice("library", False)]
 
 

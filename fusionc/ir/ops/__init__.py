@@ -12,4 +12,5 @@ from fusionc.ir.ops import mla  # noqa: F401
 from fusionc.ir.ops import norm, rope, shape, tokens  # noqa: F401
 from fusionc.ir.ops import tile_attention, tile_collective, tile_compute, tile_grid  # noqa: F401
 from fusionc.ir.ops import tile_memory, tile_mla, tile_units, tile_stream  # noqa: F401
+from fusionc.ir.ops import tile_attn_units  # noqa: F401
 from fusionc.ir import kernel  # noqa: F401,E402

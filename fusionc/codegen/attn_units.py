@@ -1,0 +1,105 @@
+"""CUDA of an attention-units kernel (``attn_units``, :mod:`fusionc.ir.ops.tile_attn_units`):
+``templates/attn_units.cu.j2``.
+
+Launch: the op's ``grid`` CTAs (one per SM) of the kernel's threads (eight warps, four for
+head_dim > 128), no cluster; arguments: the kernel's tensors in parameter order, the symbolic
+dims, the partial slots (``fc_ws``: :func:`fusionc.ir.ops.tile_attn_units.slots` × G·(D + 2) floats) and
+per (row, KV head) an arrival counter of its units and one of its merge items (``fc_counters``,
+left zero by every launch). The merge items wait on other CTAs' units: the launch needs every
+CTA resident (``resident``; the runtime checks the occupancy).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import fusionc
+from fusionc.codegen import cnames, libs
+from fusionc.codegen.render import render
+from fusionc.codegen.source import KernelSource
+from fusionc.errors import CompileError
+from fusionc.ir.nodes import Graph, Op
+from fusionc.ir.ops.rope import inv_freq
+from fusionc.ir.kernel import SMEM_LIMIT
+from fusionc.ir.ops.tile_attn_units import MAX_SPLITS, slots
+from fusionc.ir.printer import print_graph
+
+MAX_STAGES = 3    # cp.async stages per warp (2 at least)
+
+
+def attn_op(kernel: Graph) -> Op | None:
+    """The kernel's ``attn_units`` op, if it is an attention-units kernel."""
+    return next((op for op in kernel.body if op.name == "attn_units"), None)
+
+
+def geometry(op: Op, threads: int, max_batch: int) -> dict:
+    """G, D, H, KVH, S of the op, the cp.async stages per warp and the shared-memory bytes of
+    the template's layout: the warps' rings ([W][stages][32 rows][D + 8]), the q rows
+    ([16][D + 8]), the new k and v, fp32 q/k/v, m/l, the reduction words and the unit prefix."""
+    kc, o = op.operands[1].type, op.operands[5].type
+    _, S, kvh, d = kc.shape
+    heads = o.shape[1] // d
+    isz = kc.dtype.itemsize
+    warps = threads // 32
+    step = 2 * 16 * (d + 8) * isz
+    g = heads // kvh
+    rest = 16 * (d + 8) * isz + 2 * d * isz + 4 * ((g + 2) * d + 2 * g + warps + max_batch + 2)
+    stages = min(MAX_STAGES, (SMEM_LIMIT - rest) // (warps * step))
+    return dict(G=g, D=d, H=heads, KVH=kvh, S=S, stages=stages,
+                smem=warps * stages * step + rest)
+
+
+def _check(kernel: Graph, op: Op, geo: dict) -> None:
+    from fusionc.lower.attention_v2 import unsupported
+    bad = unsupported(op.operands[0].type.dtype, geo["H"], geo["KVH"], geo["D"])
+    if geo["stages"] < 2:
+        bad.append(f"head_dim {geo['D']} with {kernel.attr('threads')} threads (two "
+                   "cp.async stages per warp do not fit in shared memory)")
+    if bad:
+        raise CompileError("attention units cannot take " + ", ".join(bad), op=op.name,
+                           loc=op.loc, valid="f16 or bf16, head_dim a multiple of 16, at most "
+                                             "16 query heads per KV head (lowering v1 takes "
+                                             "the others)")
+
+
+def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
+    """The CUDA source and launch of an attention-units kernel (module docstring).
+
+    Raises:
+        CompileError: a head geometry, batch bucket or dtype the template does not take.
+    """
+    op = attn_op(kernel)
+    threads = kernel.attr("threads")
+    mb = kernel.attr("max_batch")
+    geo = geometry(op, threads, mb)
+    _check(kernel, op, geo)
+    from fusionc.codegen.streamed import tail_params, tensor_params
+    params = tensor_params(kernel) + tail_params(kernel)
+    ref = {kp.value.name: kp.name for kp in params if kp.kind == "tensor"}
+    names = [ref[v.name] for v in op.operands]
+    rot = op.attr("rotary_dim")
+    freq = inv_freq(op.attr("theta"), rot, op.attr("scaling")).astype(np.float32)
+    name = cnames.ident("fusionc", kernel.name)
+    source = render(
+        "attn_units.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
+        ir_lines=print_graph(kernel).splitlines(), name=name,
+        libs=libs.render_libs({"mma", "attention"}), stages=geo["stages"],
+        params=[kp.decl for kp in params], T=cnames.ctype(op.operands[0].type.dtype),
+        G=geo["G"], D=geo["D"], H=geo["H"], KVH=geo["KVH"], S=geo["S"], tile=op.attr("tile"),
+        grid=op.attr("grid"), threads=threads, max_batch=mb, max_splits=MAX_SPLITS,
+        scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),
+        inv_freq=", ".join(cnames.f32_literal(float(f)) for f in freq),
+        norm=len(op.operands) == 8, eps=repr(float(op.attr("eps"))),
+        qkv=names[0], k_cache=names[1], v_cache=names[2], pos=names[3], lens=names[4],
+        o=names[5], q_norm=names[6] if len(names) > 6 else "",
+        k_norm=names[7] if len(names) > 7 else "", dim_B=_batch_dim(op)) + "\n"
+    return KernelSource(name=name, source=source, kernel=kernel, grid=op.attr("grid"),
+                        cluster=1, threads=threads, smem_bytes=geo["smem"], params=tuple(params),
+                        workspace_floats=slots(mb, geo["KVH"], op.attr("grid")) *
+                        geo["G"] * (geo["D"] + 2),
+                        counters=2 * mb * geo["KVH"], resident=True)
+
+
+def _batch_dim(op: Op) -> str:
+    """The batch rows at run time: the dim argument, or a static batch."""
+    b = op.operands[1].type.shape[0]
+    return cnames.dim_name(b) if isinstance(b, str) else str(b)

@@ -1,0 +1,231 @@
+"""Tile IR (design v2): the decode-attention core of an attention block as work units over every
+SM, whatever the head counts (issue 22).
+
+``attn_units(%qkv, %k_cache, %v_cache, %positions, %seq_lens, %o, %q_norm?, %k_norm?)
+{grid, scale, theta, style, rotary_dim, scaling, eps, tile}``
+    ``qkv: [B, (H + 2·KV)·D]`` is a QKV projection's output (q heads, then k, then v);
+    ``caches [B, S, KV, D]``; ``o: [B, H·D]`` is written. For every batch row b and KV head h
+    it computes, as the graph ops ``split``, ``reshape``, (``rms_norm`` over head_dim with
+    ``q_norm``/``k_norm``: Qwen3's QK-norm), ``rope`` (``theta``, ``style``, ``rotary_dim``,
+    ``scaling``: :mod:`fusionc.ir.ops.rope`), ``kv_cache_append`` and ``decode_attention``
+    (``scale``) do, each result rounded to the qkv dtype as the graph rounds it:
+
+    - the new token's k (normed, rotated) and v go to ``cache[b, positions[b], h]``
+      (positions outside [0, S) are skipped, never a fault);
+    - o for the group's G = H / KV query heads over the n = clamp(seq_lens[b], 0, S) first
+      tokens (the token at positions[b] read as just appended); a row with n = 0 gives 0. The
+      probabilities are rounded to the qkv dtype before P·V (tensor-core operands, as in
+      FlashAttention-2) while l sums them in fp32: ~1e-3 relative from decode_attention.
+
+    **Work units** (:func:`split_plan`, computed on the device from ``seq_lens`` by every CTA,
+    never by the host): each (b, h) is cut into ``splits[b]`` equal chunks of L_b tokens, L_b a
+    multiple of ``tile``, so that the units number about ``grid`` (the CTAs of the launch):
+    unit (b, h, c) takes tokens [c·L_b, min(n, (c+1)·L_b)). CTA i takes units i, i + grid,
+    ...; the chunk 0 unit of (b, h) does the append. A unit's partial (m, l, o) (online softmax,
+    Milakov & Gimelshein 2018; split-KV as Flash-Decoding, Dao et al. 2023) goes to a global
+    slot and counts itself on the (b, h) arrival counter. Then the CTAs take merge items
+    (b, h, slice of the G·D outputs) in the same strided order; an item waits (GPU-scope
+    acquire, bounded) until its (b, h) units are all counted and merges the slots in chunk
+    order, so the result does not depend on the order units finish in; the last item of
+    (b, h) sets the counters back to zero (CUDA-graph replays need no host reset). One chunk:
+    written directly. Every CTA is resident (one per SM) and units never wait, so no wait
+    cycle exists.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fusionc.interp.numerics import round_to
+from fusionc.ir.ops.rope import inv_freq, pair_slices
+from fusionc.ir.ops.tile_memory import K, param_of
+from fusionc.ir.registry import (FLOAT, FLOATS, POS_INT, Cost, OpDef, attr, enum, fail,
+                                 register)
+from fusionc.ir.types import FLOAT_DTYPES, DType
+
+TILE = 128   # tokens per chunk step: chunk lengths are multiples of it
+MAX_SPLITS = 64   # chunks of one (b, h) at most: a merge item reads them all
+
+
+def split_plan(lens, kv_heads: int, grid: int, max_seq: int, tile: int = TILE):
+    """(L, splits) of one launch from the run-time ``lens`` (seq_lens, clamped to [0, max_seq]):
+    row b's chunk length ``L[b]`` (a multiple of ``tile``) and its chunks ``splits[b]``.
+
+    With t_b = ⌈n_b / tile⌉ and T = kv_heads · Σ_b t_b tiles in all, a unit takes about
+    per = ⌈T / grid⌉ tiles: splits_b = clamp(⌈t_b / per⌉, 1, MAX_SPLITS) chunks of
+    ⌈t_b / splits_b⌉ tiles each, so that the chunks of a row are equal (units of one size
+    balance over the CTAs) and the units number at most grid + B·kv_heads. The CUDA code (``templates/attn_units.cu.j2``)
+    computes the same numbers."""
+    n = np.clip(np.asarray(lens, np.int64), 0, max_seq)
+    tiles = -(-n // tile)
+    per = max(1, -(-int(tiles.sum()) * kv_heads // grid))
+    splits = np.clip(-(-tiles // per), 1, MAX_SPLITS)
+    return tile * np.maximum(1, -(-tiles // splits)), splits
+
+
+def slots(max_batch: int, kv_heads: int, grid: int) -> int:
+    """Partial slots a launch may fill (one per unit): at most grid + max_batch · kv_heads."""
+    return grid + max_batch * kv_heads
+
+
+def _shapes(op):
+    qkv, kc, o = op.operands[0].type, op.operands[1].type, op.operands[5].type
+    kvh, d = kc.shape[2], kc.shape[3]
+    return qkv, kc, o, kvh, d
+
+
+def _infer(op):
+    qkv, kc, vc, pos, lens, o = (v.type for v in op.operands[:6])
+    if kc != vc or kc.rank != 4 or not all(isinstance(x, int) for x in kc.shape[1:]):
+        fail(op, f"k_cache {kc} and v_cache {vc}", "equal caches [B, S, KV, D], S, KV, D static")
+    b, _, kvh, d = kc.shape
+    if o.rank != 2 or not isinstance(o.shape[1], int) or o.shape[1] % (kvh * d) or \
+            o.shape[0] != b:
+        fail(op, f"o {o} with caches {kc}", f"o [{b}, H·{d}] with H a multiple of {kvh}")
+    h = o.shape[1] // d
+    want = (b, (h + 2 * kvh) * d)
+    if qkv.rank != 2 or qkv.shape != want:
+        fail(op, f"qkv {qkv}", f"qkv [{', '.join(map(str, want))}] (q, k, v heads)")
+    if len({qkv.dtype, kc.dtype, o.dtype}) != 1 or qkv.dtype not in FLOAT_DTYPES:
+        fail(op, f"dtypes {qkv.dtype}, {kc.dtype}, {o.dtype}", "one float dtype")
+    for t, what in ((pos, "positions"), (lens, "seq_lens")):
+        if t.dtype != DType.i32 or t.shape != (b,):
+            fail(op, f"{what} has type {t}", f"i32[{b}]")
+    for v in op.operands[6:]:
+        if v.type.shape != (d,):
+            fail(op, f"norm weight %{v.name}: {v.type}", f"[{d}] (QK-norm over head_dim)")
+    if len(op.operands) == 7:
+        fail(op, "q_norm without k_norm", "both QK-norm weights or neither")
+    r = op.attr("rotary_dim")
+    if r % 2 or r > d:
+        fail(op, f"rotary_dim = {r}", f"an even rotary_dim <= head_dim {d}")
+    if not 0 < op.attr("scale") < math.inf or not 0 < op.attr("theta") < math.inf:
+        fail(op, f"scale = {op.attr('scale')}, theta = {op.attr('theta')}", "finite, > 0")
+    return ()
+
+
+def _verify(op, graph, module):
+    """Every tensor is a kernel parameter; ``grid`` is the kernel's CTAs."""
+    for v in op.operands:
+        param_of(op, graph, v, "attn_units operands")
+    if graph is not None and op.attr("grid") != graph.attr("grid") * graph.attr("cluster"):
+        fail(op, f"grid = {op.attr('grid')} on {graph.attr('grid')} x "
+             f"{graph.attr('cluster')} CTAs", "grid = the kernel's CTAs")
+
+
+def head_vectors(op, qkv_row: np.ndarray, pos: int, h: int, norms) -> tuple:
+    """(q [G, D], k [D], v [D]) of KV head ``h`` for one batch row, as the graph computes them
+    (each step rounded to the qkv dtype), in fp32."""
+    _, kc, o, kvh, d = _shapes(op)
+    dt = op.operands[0].type.dtype
+    heads = o.shape[1] // d
+    g = heads // kvh
+    x = np.asarray(qkv_row, np.float32)
+    q = x[h * g * d:(h + 1) * g * d].reshape(g, d)
+    k = x[(heads + h) * d:(heads + h + 1) * d][None]
+    v = x[(heads + kvh + h) * d:(heads + kvh + h + 1) * d]
+    if norms:
+        q, k = (_rms(t, w, op.attr("eps"), dt) for t, w in ((q, norms[0]), (k, norms[1])))
+    return _rope(op, q, pos, dt), _rope(op, k, pos, dt)[0], v
+
+
+def _rms(x, w, eps, dt):
+    r = np.float32(1) / np.sqrt((x * x).mean(axis=-1, keepdims=True) + np.float32(eps))
+    return round_to((x * r * np.asarray(w, np.float32)).astype(np.float32), dt).astype(np.float32)
+
+
+def _rope(op, x, pos, dt):
+    r = op.attr("rotary_dim")
+    a = np.float32(pos) * inv_freq(op.attr("theta"), r, op.attr("scaling")).astype(np.float32)
+    c, s = np.cos(a).astype(np.float32), np.sin(a).astype(np.float32)
+    i1, i2 = pair_slices(op.attr("style"), r)
+    y = x.copy()
+    y[:, i1], y[:, i2] = x[:, i1] * c - x[:, i2] * s, x[:, i2] * c + x[:, i1] * s
+    return round_to(y, dt).astype(np.float32)
+
+
+def _simulate(op, args, cta):
+    """This CTA's units (CTA ``gid``, ``gid + grid``, ...); partials in ``memory.attn_slots``,
+    merged by the last unit of each (b, h), in chunk order."""
+    mem = cta.memory
+    qkv, pos, lens, *norms = (mem.read(v.name, (Ellipsis,), cta, op)
+                              for v in op.operands[:1] + op.operands[3:5] + op.operands[6:])
+    _, kc, o, kvh, d = _shapes(op)
+    S, grid = kc.shape[1], op.attr("grid")
+    L, splits = split_plan(lens, kvh, grid, S, op.attr("tile"))
+    first = np.concatenate([[0], np.cumsum(splits * kvh)])
+    store = mem.__dict__.setdefault("attn_slots", {})
+    for u in range(cta.gid, int(first[-1]), grid):
+        b = int(np.searchsorted(first, u, side="right")) - 1
+        h, c = divmod(u - int(first[b]), int(splits[b]))
+        p = int(pos[b])
+        q, kn, vn = head_vectors(op, qkv[b], p, h, norms)
+        names = [v.name for v in op.operands[1:3]]
+        if c == 0 and 0 <= p < S:
+            for name, x in zip(names, (kn, vn)):
+                mem.write(name, (b, p, h), x, cta, op, kc.dtype)
+        n = min(max(int(lens[b]), 0), S)
+        lo, hi = min(n, c * int(L[b])), min(n, (c + 1) * int(L[b]))
+        part = _partial(op, cta, names, b, h, lo, hi, p, q, kn, vn)
+        got = store.setdefault((id(op), b, h), {})
+        got[c] = part
+        if len(got) == splits[b]:
+            out = _merge([got[i] for i in range(int(splits[b]))])
+            del store[(id(op), b, h)]
+            g = q.shape[0]
+            mem.write(op.operands[5].name, (b, slice(h * g * d, (h + 1) * g * d)),
+                      out.reshape(-1), cta, op, o.dtype)
+    return ()
+
+
+def _partial(op, cta, names, b, h, lo, hi, p, q, kn, vn):
+    g, d = q.shape
+    if hi <= lo:
+        return (np.full(g, -np.inf, np.float32), np.zeros(g, np.float32),
+                np.zeros((g, d), np.float32))
+    rows = []
+    for name, new in zip(names, (kn, vn)):
+        x = np.empty((hi - lo, d), np.float32)
+        for a, z in ((lo, p), (p + 1, hi)) if lo <= p < hi else ((lo, hi),):
+            if z > a:
+                x[a - lo:z - lo] = cta.memory.read(name, (b, slice(a, z), h), cta, op)
+        if lo <= p < hi:
+            x[p - lo] = new
+        rows.append(x)
+    s = (q @ rows[0].T) * np.float32(op.attr("scale"))
+    m = s.max(axis=1)
+    e = np.exp(s - m[:, None])
+    pv = round_to(e, op.operands[0].type.dtype).astype(np.float32)   # P as the mma's operand
+    return m, e.sum(axis=1), pv @ rows[1]
+
+
+def _merge(parts):
+    """o = Σ_c e_c o_c / Σ_c e_c l_c with e_c = exp(m_c − max m) (0 for empty chunks)."""
+    m = np.stack([x[0] for x in parts])
+    top = m.max(axis=0)
+    with np.errstate(invalid="ignore"):
+        e = np.where(np.isneginf(m), np.float32(0), np.exp(m - top)).astype(np.float32)
+    den = sum(e[i] * x[1] for i, x in enumerate(parts))
+    num = sum(e[i][:, None] * x[2] for i, x in enumerate(parts))
+    return np.where(den[:, None] > 0, num / np.where(den > 0, den, 1)[:, None], 0)
+
+
+def _cost(op, env):
+    qkv, kc, o, kvh, d = _shapes(op)
+    b = qkv.concrete(env)[0]
+    s = env.get("S", kc.shape[1])
+    kv = 2 * b * s * kvh * d * kc.dtype.itemsize
+    return Cost(bytes_read=qkv.nbytes(env) + kv, bytes_written=o.nbytes(env),
+                flops=4 * b * (o.shape[1] // d) * s * d)
+
+
+register(OpDef(
+    "attn_units", __doc__,
+    ("qkv", "k_cache", "v_cache", "positions", "seq_lens", "o", "q_norm?", "k_norm?"),
+    (attr("grid", POS_INT, doc="CTAs of the launch: the work units' stride"),
+     attr("scale", FLOAT), attr("theta", FLOAT),
+     attr("style", enum("neox", "gptj"), "neox"), attr("rotary_dim", POS_INT),
+     attr("scaling", FLOATS, ()), attr("eps", FLOAT, 1e-6, doc="QK-norm epsilon"),
+     attr("tile", POS_INT, TILE, doc="tokens per chunk step")),
+    _infer, where=K, simulate=_simulate, verify=_verify, cost=_cost))

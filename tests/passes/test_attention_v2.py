@@ -1,0 +1,150 @@
+"""The attention block on lowering v2 (issue 22): what ``partition-units`` makes of it (v2 linears
+around one attention-units kernel), the device split plan, ``simulate(lower(g)) ≈ interpret(g)``
+over random head configurations, lengths and batches (hypothesis), the default lowering's
+choice, named errors, and NVRTC builds of the attention-units kernel."""
+# no `from __future__ import annotations`: the DSL evaluates the annotations
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from fusionc.errors import CompileError
+from fusionc.interp import interpret
+from fusionc.ir import print_module
+from fusionc.ir.ops.tile_attn_units import TILE, slots, split_plan
+from fusionc.models.blocks import attention_block
+from fusionc.passes import run_pipeline
+from fusionc.passes.stream import v2_pipeline
+from fusionc.runtime.pipelines import default_lowering
+from fusionc.sim import simulate
+from tests.passes.graphs import example, inputs, rel_err
+
+
+def block(dtype="f16", **kw):
+    sizes = dict(hidden=128, heads=4, kv_heads=2, head_dim=32, max_seq=96)
+    sizes.update(kw)
+    return attention_block(eps=1e-5, theta=1e4, dtype=dtype, **sizes)
+
+
+def test_partition_units_makes_qkv_units_and_o_projection_kernels():
+    low = run_pipeline(block(), "fold-views,partition-units{max_batch=4}")
+    host = low["attention"]
+    assert [op.name for op in host.body] == ["launch"] * 3
+    qkv, core, oproj = host.body
+    assert [v.name for v in qkv.results] == ["qkv"]
+    assert [v.name for v in core.operands] == ["qkv", "k_cache", "v_cache", "positions",
+                                               "seq_lens"]
+    assert [v.name for v in core.results] == ["o_flat", "k_cache.1", "v_cache.1"]
+    assert oproj.operands[0].name == "o_flat"
+    k = low[core.attr("kernel").name]
+    op, = k.body
+    assert op.name == "attn_units" and op.attr("rotary_dim") == 32
+    assert [v.name for v in k.outputs] == ["o_flat", "k_cache", "v_cache"]
+    text = print_module(low)
+    assert "attn_units(%qkv, %k_cache, %v_cache, %positions, %seq_lens, %o_flat)" in text
+    for gone in ("rope(", "kv_cache_append(", "decode_attention(", "split("):
+        assert gone not in text
+
+
+def test_qk_norm_weights_join_the_units():
+    low = run_pipeline(block(qk_norm=True), "fold-views,partition-units{max_batch=2}")
+    op = next(o for g in low.graphs if g.kind == "kernel" for o in g.body
+              if o.name == "attn_units")
+    assert [v.name for v in op.operands[6:]] == ["q_norm", "k_norm"]
+    assert op.attr("eps") == 1e-5
+
+
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=40), st.integers(1, 16),
+       st.integers(1, 264))
+def test_split_plan_covers_every_row_in_equal_chunks_within_the_slots(lens, kvh, grid):
+    L, splits = split_plan(lens, kvh, grid, 4096)
+    n = np.clip(lens, 0, 4096)
+    assert (L % TILE == 0).all() and (splits >= 1).all()
+    assert ((splits - 1) * L < np.maximum(n, 1)).all() and (splits * L >= n).all()
+    assert int(splits.sum()) * kvh <= slots(len(lens), kvh, grid)
+
+
+CONFIGS = st.fixed_dictionaries({
+    "heads_kv": st.sampled_from([(1, 1), (2, 2), (4, 1), (4, 2), (8, 2), (16, 1)]),
+    "head_dim": st.sampled_from([16, 32, 48]),
+    "qk_norm": st.booleans(),
+    "dtype": st.sampled_from(["f16", "bf16"]),
+    "lens": st.lists(st.integers(0, 150), min_size=1, max_size=5),
+})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(CONFIGS, st.integers(0, 2**31 - 1))
+def test_simulate_lowered_attention_matches_interpret(cfg, seed):
+    heads, kvh = cfg["heads_kv"]
+    m = block(cfg["dtype"], heads=heads, kv_heads=kvh, head_dim=cfg["head_dim"],
+              hidden=64, max_seq=150, qk_norm=cfg["qk_norm"])
+    rng = np.random.default_rng(seed)
+    lens = cfg["lens"]
+    args = inputs(m.graphs[0], len(lens), lens, rng)
+    ref = interpret(m, args)
+    out = simulate(run_pipeline(m, v2_pipeline(8)), args)
+    for a, r in zip(out, ref):
+        assert rel_err(a, r) <= 2e-3
+
+
+def test_gptj_partial_rotary_and_llama31_scaling_in_the_simulator():
+    import fusionc as fc
+
+    @fc.graph
+    def g(x: fc.f16["B", 64], w_qkv: fc.f16[128, 64], w_o: fc.f16[64, 64],
+          k_cache: fc.f16["B", 80, 1, 32], v_cache: fc.f16["B", 80, 1, 32],
+          positions: fc.i32["B"], seq_lens: fc.i32["B"]):
+        q, k, v = fc.split(fc.linear(x, w_qkv), [64, 32, 32])
+        q = fc.rope(fc.split_heads(q, 2), positions, 1e4, "gptj", 16, scaling=[8, 1, 4, 64])
+        k = fc.rope(fc.split_heads(k, 1), positions, 1e4, "gptj", 16, scaling=[8, 1, 4, 64])
+        kc, vc = fc.kv_cache_append(k_cache, v_cache, k, fc.split_heads(v, 1), positions)
+        o = fc.decode_attention(q, kc, vc, seq_lens, 0.2)
+        return x + fc.linear(fc.merge_heads(o), w_o), kc, vc
+    rng = np.random.default_rng(3)
+    args = inputs(g.graphs[0], 3, [80, 1, 40], rng)
+    ref = interpret(g, args)
+    low = run_pipeline(g, v2_pipeline(4))
+    assert any(op.name == "attn_units" for k in low.graphs for op in k.body)
+    for a, r in zip(simulate(low, args), ref):
+        assert rel_err(a, r) <= 2e-3
+
+
+def test_default_lowering_takes_v2_for_the_blocks_it_covers():
+    g = block().graphs[0]
+    assert default_lowering(g) == "v2"
+    assert default_lowering(block(qk_norm=True).graphs[0]) == "v2"
+    assert default_lowering(g, max_batch=256) == "v1"      # past the fused linears' bucket
+    assert default_lowering(g, cluster=4) == "v1"
+    assert default_lowering(block("f32").graphs[0]) == "v1"   # no f32 tensor cores
+    assert default_lowering(block(heads=34, kv_heads=2, hidden=64).graphs[0]) == "v1"  # G 17
+    mla = example("deepseek_v2_lite")
+    assert all(default_lowering(x) == "v1" for x in mla.graphs
+               if any(op.name == "mla_decode_attention" for op in x.body))
+
+
+def test_attention_only_graph_without_o_projection_stays_on_v1():
+    from tests.gpu.compiled_cases import attention_only
+    m = attention_only(hidden=128, heads=4, kv_heads=2, head_dim=32, max_seq=64)
+    assert default_lowering(m.graphs[0]) == "v1"
+
+
+def test_units_refuse_f32_by_name():
+    import fusionc as fc
+    with pytest.raises(CompileError, match="tensor cores: f16 or bf16") as e:
+        fc.compile(block("f32"), max_batch=2, lowering="v2")
+    assert e.value.op == "attn_units"
+
+
+@pytest.mark.parametrize("dtype,kw", [("f16", dict(head_dim=128, heads=32, kv_heads=8)),
+                                      ("bf16", dict(head_dim=80, heads=4, kv_heads=2)),
+                                      ("f16", dict(head_dim=256, heads=4, kv_heads=2,
+                                                   qk_norm=True))])
+def test_attention_units_compile_without_spills(dtype, kw):
+    from fusionc.codegen.compile import compile_kernel
+    low = run_pipeline(block(dtype, **kw), v2_pipeline(16))
+    k = next(g for g in low.graphs if g.kind == "kernel" and g.body[0].name == "attn_units")
+    ck = compile_kernel(k)
+    assert ck.spills == 0, ck.report()
+    src = ck.source
+    assert src.blocks == 132 and src.smem_bytes <= 232448 and not src.pdl
+    assert src.counters == 2 * 16 * kw["kv_heads"] and src.resident
