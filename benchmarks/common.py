@@ -160,3 +160,16 @@ def batch_list(text: str) -> tuple[int, ...]:
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: batch sizes >= 1, comma-separated")
     return out
+
+
+def write_csv(name: str, shard, cols: list[str], rows: list[dict]) -> None:
+    """``$OUT/{name}[-shard{i}of{n}].csv`` of ``rows`` (columns ``cols``) when ``$OUT`` is set."""
+    import csv
+    import os
+    if not os.environ.get("OUT"):
+        return
+    tag = f"-shard{shard[0]}of{shard[1]}" if shard else ""
+    with open(os.path.join(os.environ["OUT"], f"{name}{tag}.csv"), "w") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        w.writerows([[r.get(c, "") for c in cols] for r in rows])

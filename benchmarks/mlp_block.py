@@ -191,13 +191,7 @@ def main():
     cols = ["model", "batch", "fusionc_us", "eager_us", "compile_us", "floor_us", "eff_%",
             "vs_compile", "vs_eager", "err"] + (["alt_us", "alt_err"] if alt_v else [])
     print(common.table(rows, cols))
-    if os.environ.get("OUT"):
-        import csv
-        tag = f"-shard{args.shard[0]}of{args.shard[1]}" if args.shard else ""
-        with open(os.path.join(os.environ["OUT"], f"mlp_block{tag}.csv"), "w") as f:
-            w = csv.writer(f)
-            w.writerow(cols)
-            w.writerows([[r.get(c, "") for c in cols] for r in rows])
+    common.write_csv("mlp_block", args.shard, cols, rows)
 
 
 if __name__ == "__main__":

@@ -22,20 +22,25 @@ def rope(x, positions, theta):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
 
 
-def _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta):
-    """RMSNorm, the fused QKV projection, RoPE on q and k: q [B, H, D], k [B, KV, D], v flat."""
+def _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta,
+           q_norm=None, k_norm=None):
+    """RMSNorm, the fused QKV projection, (QK-norm over head_dim: Qwen3), RoPE on q and k:
+    q [B, H, D], k [B, KV, D], v flat."""
     B = x.shape[0]
     q, k, v = (rms_norm(x, attn_norm, eps) @ w_qkv.t()).split(
         [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
-    return (rope(q.view(B, heads, head_dim), positions, theta),
-            rope(k.view(B, kv_heads, head_dim), positions, theta), v)
+    q, k = q.view(B, heads, head_dim), k.view(B, kv_heads, head_dim)
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    return rope(q, positions, theta), rope(k, positions, theta), v
 
 
 def attention_block(x, attn_norm, w_qkv, w_o, k_cache, v_cache, positions, seq_len: int, *,
-                    heads, kv_heads, head_dim, eps, theta):
+                    heads, kv_heads, head_dim, eps, theta, q_norm=None, k_norm=None):
     """One decode step; every row attends over ``seq_len`` tokens (the new one last)."""
     B = x.shape[0]
-    q, k, v = _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta)
+    q, k, v = _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta,
+                     q_norm, k_norm)
     rows = torch.arange(B, device=x.device)
     k_cache[rows, positions] = k
     v_cache[rows, positions.long()] = v.view(B, kv_heads, head_dim)
@@ -46,13 +51,15 @@ def attention_block(x, attn_norm, w_qkv, w_o, k_cache, v_cache, positions, seq_l
 
 
 def attention_block_hf(x, attn_norm, w_qkv, w_o, k_hf, v_hf, positions, seq_len: int, *,
-                       heads, kv_heads, head_dim, eps, theta, form="sdpa"):
+                       heads, kv_heads, head_dim, eps, theta, form="sdpa", q_norm=None,
+                       k_norm=None):
     """:func:`attention_block` over caches in the layout of transformers, contiguous
     ``[B, kv_heads, max_seq, head_dim]``, where SDPA keeps its fast paths. ``form``: ``"sdpa"``
     (``F.scaled_dot_product_attention`` with GQA) or ``"matmul"`` (the query heads of a KV head
     as one matrix: q·Kᵀ, fp32 softmax, P·V, as HF's eager attention without the K/V repeat)."""
     B = x.shape[0]
-    q, k, v = _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta)
+    q, k, v = _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta,
+                     q_norm, k_norm)
     rows, pos = torch.arange(B, device=x.device), positions.long()
     k_hf[rows, :, pos] = k
     v_hf[rows, :, pos] = v.view(B, kv_heads, head_dim)

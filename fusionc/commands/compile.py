@@ -58,10 +58,11 @@ def add_lowering_arg(p) -> None:
     """``--lowering`` of ``fusionc compile`` and ``run``."""
     p.add_argument("--lowering", choices=("auto", "v1", "v2"), default="auto",
                    help="v1: cluster kernels per block; v2: streamed persistent kernels over "
-                        "every SM (graphs of linear, norm, view and elementwise ops; the "
+                        "every SM (graphs of linear, norm, view and elementwise ops, and "
+                        "attention blocks as v2 linears around attention units; the "
                         "library path where the cost table measured it faster); auto "
-                        "(default): v2 for graphs without attention or collectives, unless "
-                        "--cluster / --scheme is given")
+                        "(default): v2 unless the graph holds MLA, collectives or an "
+                        "attention the units do not take, or --cluster / --scheme is given")
 
 
 def compile_main(args) -> int:

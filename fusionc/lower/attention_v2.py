@@ -21,38 +21,31 @@ from dataclasses import dataclass, field
 
 from fusionc.cost.h200 import H200
 from fusionc.ir.nodes import Graph, Op, Value, users
-from fusionc.ir.types import DType
+from fusionc.ir.ops.tile_attn_units import STEP, fast, unsupported
 from fusionc.lower.builder import KernelBuilder
-
-STEP = 16   # tokens per warp step (the mma's k for P·V)
-MAX_GROUP = 16    # query heads per KV head: the mma's 16 rows
-
-
-def unsupported(dtype: DType, heads: int, kv_heads: int, head_dim: int) -> list[str]:
-    """Why the attention units cannot take this head geometry (empty: they can). The code
-    generator (``fusionc.codegen.attn_units``) and the default lowering both ask this."""
-    bad = []
-    if heads // kv_heads > MAX_GROUP:
-        bad.append(f"{heads // kv_heads} query heads per KV head (at most {MAX_GROUP})")
-    if head_dim % 16:
-        bad.append(f"head_dim {head_dim} (a multiple of 16)")
-    if dtype not in (DType.f16, DType.bf16):
-        bad.append(f"dtype {dtype} (tensor cores: f16 or bf16)")
-    return bad
-
 
 def covers(g: Graph) -> bool:
     """Whether lowering v2 takes every attention of graph ``g``: each ``decode_attention`` is
-    the core of a matched block (:func:`attention_cores`) of a geometry the units take."""
+    the core of a matched block (:func:`attention_cores`) of a geometry the units take at
+    speed (:func:`fusionc.ir.ops.tile_attn_units.fast`)."""
     atts = [op for op in g.body if op.name == "decode_attention"]
     cores = attention_cores(g)
     if len(cores) != len(atts):
         return False
     for c in cores:
         q, kc = c.attention.operands[0].type, c.caches[0].type
-        if unsupported(q.dtype, q.shape[1], kc.shape[2], kc.shape[3]):
+        if unsupported(q.dtype, q.shape[1], kc.shape[2], kc.shape[3]) or \
+                not fast(kc.shape[3]) or \
+                not all(isinstance(x, int) for x in kc.shape[1:]):
             return False
     return True
+
+
+def host_rest(g: Graph) -> list[Op]:
+    """The ops of graph ``g`` that are neither a linear nor part of an attention core: what the
+    mixed path (``attention-units`` then ``lower-library``) runs on the host."""
+    absorbed = {id(o) for c in attention_cores(g) for o in c.absorbed}
+    return [op for op in g.body if op.name != "linear" and id(op) not in absorbed]
 
 
 def threads(head_dim: int) -> int:
@@ -104,7 +97,8 @@ def _only(v: Value, use, outputs, op_name: str) -> Op | None:
 def _match(att: Op, made, use, outputs) -> AttentionCore | None:
     q_rot, kc1, vc1, lens = att.operands
     app = made.get(kc1.name)
-    if app is None or app.name != "kv_cache_append" or made.get(vc1.name) is not app:
+    if app is None or app.name != "kv_cache_append" or made.get(vc1.name) is not app or \
+            [r.name for r in app.results] != [kc1.name, vc1.name]:   # K, V in order
         return None
     kc, vc, k_rot, v_heads, pos = app.operands
     rq, rk = made.get(q_rot.name), made.get(k_rot.name)
@@ -137,7 +131,7 @@ def _match(att: Op, made, use, outputs) -> AttentionCore | None:
     split = made.get(views[0].operands[0].name)
     parts = [vw.operands[0] for vw in views]
     if split is None or split.name != "split" or [r.name for r in split.results] != \
-            [p.name for p in parts] or split.attr("axis") % 2 != 1 or \
+            [p.name for p in parts] or split.attr("axis") not in (1, -1) or \
             any(len(use.get(p.name, [])) != 1 or p.name in outputs for p in parts):
         return None
     bsz, heads, d = q_rot.type.shape
@@ -160,6 +154,8 @@ def grid() -> int:
 
 def lower_core(core: AttentionCore, name: str, max_batch: int) -> Graph:
     """The ``attn_units`` kernel of ``core`` (module docstring)."""
+    rows = core.qkv.type.shape[0]   # a static batch above the bucket sizes the counters
+    max_batch = max(max_batch, rows) if isinstance(rows, int) else max_batch
     b = KernelBuilder(name, core.attention.loc)
     qkv, kc, vc, pos, lens = (b.param(v) for v in (core.qkv, *core.caches, core.positions,
                                                     core.seq_lens))

@@ -57,8 +57,10 @@ def match_attention(df: Dataflow, att: Op) -> AttentionStage:
     ops = [att]
     qrows, hq, qn, qrope, qpos, qops = _head_chain(df, q, att)
     app = df.producer(kc, "kv_cache_append")
-    if app is None or df.producer(vc, "kv_cache_append") is not app:
-        raise LoweringError("attention over a KV cache not appended in this graph",
+    if app is None or df.producer(vc, "kv_cache_append") is not app or \
+            [r.name for r in app.results] != [kc.name, vc.name]:
+        raise LoweringError("attention over a KV cache not appended in this graph (or with "
+                            "the appended K and V caches swapped)",
                             op=att.name, loc=att.loc,
                             valid="k_cache, v_cache = kv_cache_append(...) before attention")
     kc0, vc0, k, v, positions = app.operands

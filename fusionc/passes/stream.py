@@ -40,6 +40,7 @@ from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.types import TensorType
 from fusionc.lower.linear_v2 import ROWS, WIDE_ROWS
+from fusionc.passes.attention_units import core_kernel, kernel_name
 from fusionc.passes.base import Pass, register_pass
 from fusionc.stream.ring import pad_rows, tma_rows
 
@@ -126,6 +127,7 @@ class PartitionUnits(Pass):
         chain_of = {id(k.linear): c for c in cut for k in c}
         from fusionc.lower.attention_v2 import attention_cores
         cores = {id(c.attention): c for c in attention_cores(g)}
+        _refuse_unmatched_attention(g, cores)
         folded = {id(o) for k in specs.values() for o in k.absorbed}
         folded |= {id(k.norm) for k in specs.values() if k.norm is not None}
         folded |= {id(o) for c in cores.values() for o in c.absorbed}
@@ -136,7 +138,8 @@ class PartitionUnits(Pass):
                 raise PassError("the graph is already lowered (it launches kernels)",
                                 op=self.name, loc=op.loc, valid="partition-units once, on graph IR")
             if id(op) in cores:
-                k, launch = self._core(cores[id(op)], _kernel_name(g, i, module), made)
+                k, launch = core_kernel(cores[id(op)], kernel_name(g, i, module), made,
+                                        self.max_batch)
                 kernels.append(k)
                 body.append(launch)
                 continue
@@ -162,7 +165,7 @@ class PartitionUnits(Pass):
             chain = chain_of[id(op)]
             if chain[0] is not specs[id(op)]:
                 continue   # a later phase of the kernel launched at the chain's first linear
-            k = lower_chain(chain, _kernel_name(g, i, module), self.max_batch,
+            k = lower_chain(chain, kernel_name(g, i, module), self.max_batch,
                             self.grid or None, self.rows)
             outs = tuple(c.out for c in chain)
             ins = k.params[:len(k.params) - len(outs)]
@@ -177,30 +180,18 @@ class PartitionUnits(Pass):
         return kernels, g.replace(body=tuple(body))
 
 
-    def _core(self, core, name: str, made: set) -> tuple[Graph, Op]:
-        """The attention-units kernel of ``core`` and the op launching it."""
-        from fusionc.lower.attention_v2 import lower_core
-        k = lower_core(core, name, self.max_batch)
-        ins = k.params[:len(k.params) - 1]   # o_flat, the pure output, is last
-        for v in ins:
-            if v.name not in made:
-                raise LoweringError(f"%{v.name} is folded into another kernel, but read here",
-                                    op=core.attention.name, loc=core.attention.loc,
-                                    valid="a QKV projection whose output only the attention "
-                                          "core reads")
-        made.update(v.name for v in (core.out, *core.results))
-        launch = _op("launch", ins, (core.out, *core.results), core.attention.loc,
-                     kernel=SymbolRef(k.name))
-        return k, launch
-
-
-def _kernel_name(g: Graph, i: int, module: Module) -> str:
-    """``{graph}_k{i}``, with a suffix when the module already has an item of that name."""
-    taken = set(module.names)
-    name, n = f"{g.name}_k{i}", 1
-    while name in taken:
-        name, n = f"{g.name}_k{i}_{n}", n + 1
-    return name
+def _refuse_unmatched_attention(g: Graph, cores: dict) -> None:
+    """LoweringError naming a ``decode_attention`` that is no matched core (rather than the
+    first op of its block, e.g. the ``split`` that no kernel took)."""
+    for op in g.body:
+        if op.name == "decode_attention" and id(op) not in cores:
+            raise LoweringError(
+                "an attention outside the block form the attention units take", op=op.name,
+                loc=op.loc, valid="q, k, v = split(linear(...)) -> reshape to heads -> "
+                "(rms_norm: QK-norm) -> one rope on q and k -> kv_cache_append(k_cache, "
+                "v_cache, k, v, positions) -> decode_attention(q, appended k, appended v, "
+                "seq_lens) -> reshape, each value read once (fusionc.models.blocks); others "
+                "on lowering='v1'")
 
 
 @register_pass

@@ -41,7 +41,9 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     (:func:`fusionc.lower.match_v2.unfused_ops`: a graph without a linear, an elementwise op
     before a linear, a norm with other uses) and the library path runs them all
     (``HOST_ROWWISE``; others stay on the fused pipeline, whose ``partition-units`` names
-    them). The rows are ``max_batch`` or a linear's static batch, whichever is larger."""
+    them). Attention graphs never take the library path: past the bucket, or with host ops
+    left, they take the mixed path (:func:`mixed_pipeline`: GEMMs around attention units).
+    The rows are ``max_batch`` or a static batch, whichever is larger."""
     from fusionc.cost.h200 import H200
     from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
     from fusionc.ir.ops.tokens import HOST_ROWWISE
@@ -50,13 +52,13 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     from fusionc.passes.stream import v2_pipeline
     g = fold_views(g)   # the pipelines' first pass: decide on the graph it leaves
     top = fused_rows(g)
-    rows = max([max_batch] + [op.operands[0].type.shape[0] for op in g.body
-                              if op.name == "linear" and op.operands[0].type.rank == 2 and
-                              isinstance(op.operands[0].type.shape[0], int)])
+    rows = _rows(g, max_batch)
     left = unfused_ops(g)   # the library runs them, or partition-units names them
     runs = bool(left) and all(op.name in HOST_ROWWISE for op in left)
     path = H200.v2_path(rows)
     if any(op.name == "decode_attention" for op in g.body):   # no library attention
+        if (top is None or rows > top or left) and mixed(g):
+            return mixed_pipeline(rows)
         wide = path == "wide" and top == MAX_BATCH_MMA
         return path_pipeline(g, max_batch, "wide" if wide else "fused", None)
     if top is not None and (rows > top or path == "library") or \
@@ -69,12 +71,15 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
 
 def path_pipeline(g: Graph, max_batch: int, path: str, chain: bool | None) -> str:
     """The pipeline of lowering v2's ``path`` (``fusionc.cost.h200.Device.v2_path``'s names:
-    fused 64-row tiles, wide 128-row tiles, the library path); ``chain`` as
+    fused 64-row tiles, wide 128-row tiles, the library path; or ``mixed``: GEMMs around
+    attention units); ``chain`` as
     :func:`fusionc.passes.stream.v2_pipeline`'s."""
     from fusionc.lower.linear_v2 import ROWS, WIDE_ROWS
     from fusionc.passes.stream import v2_pipeline
     if path == "library":
         return library_pipeline(g)
+    if path == "mixed":
+        return mixed_pipeline(_rows(g, max_batch))
     return v2_pipeline(max_batch, chain=chain, rows=WIDE_ROWS if path == "wide" else ROWS)
 
 
@@ -83,23 +88,59 @@ def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
     """``fusionc.compile``'s lowering when none is given: ``"v2"`` (streamed kernels, the
     library path where measured faster; attention blocks as v2 linears around attention units)
     unless a v1 option is set (``cluster``, ``scheme``: the cluster kernels' choices) or the
-    graph holds what v2 does not take yet: MLA, collectives, an attention outside the block
-    form or of a geometry the units refuse (:func:`fusionc.lower.attention_v2.covers`), or an
-    attention block past the fused linears' batch bucket (128 rows on tensor cores). v2 was
-    faster than v1 at all 18 attention points measured (BENCHMARKS.md, issue 22)."""
-    from fusionc.lower.attention_v2 import covers
-    from fusionc.lower.linear_v2 import fused_rows
+    graph holds what v2 does not take yet: MLA, collectives, or a decode op (rope,
+    kv_cache_append, decode_attention) that v2 would not lower at speed (:func:`_v2_decode`).
+    v2 was faster than v1 at all 24 attention points measured (BENCHMARKS.md, issue 22)."""
     if cluster != 0 or scheme != "auto":
         return "v1"
     if any(op.name.startswith("all_reduce") or op.name == "mla_decode_attention"
            for op in g.body):
         return "v1"
-    if any(op.name in _DECODE_ONLY for op in g.body):
-        from fusionc.passes.fold_views import fold_views
-        top = fused_rows(g)
-        if not covers(fold_views(g)) or top is None or max_batch > top:
-            return "v1"
+    if any(op.name in _DECODE_ONLY for op in g.body) and not _v2_decode(g, max_batch):
+        return "v1"
     return "v2"
+
+
+def _v2_decode(g: Graph, max_batch: int) -> bool:
+    """Whether lowering v2 takes graph ``g`` with its decode ops: every attention in the block
+    form at a geometry the units run at speed (:func:`fusionc.lower.attention_v2.covers`), and
+    either fused kernels for all of it (no op left that no v2 kernel absorbs, e.g. a rope or an
+    append outside such a block or a norm after it; the rows within the fused linears' bucket,
+    128 on tensor cores) or, past the bucket, the mixed path (:func:`mixed`)."""
+    from fusionc.lower.attention_v2 import covers
+    from fusionc.lower.linear_v2 import fused_rows
+    from fusionc.lower.match_v2 import unfused_ops
+    from fusionc.passes.fold_views import fold_views
+    g = fold_views(g)
+    if not covers(g):
+        return False
+    top = fused_rows(g)
+    if top is not None and _rows(g, max_batch) <= top:
+        return not unfused_ops(g)
+    return mixed(g)
+
+
+def mixed(g: Graph) -> bool:
+    """Whether the mixed path runs graph ``g`` (views folded): linears as GEMMs, each attention
+    core on the units, and only host row-wise ops besides (``HOST_ROWWISE``)."""
+    from fusionc.ir.ops.tokens import HOST_ROWWISE
+    from fusionc.lower.attention_v2 import host_rest
+    return all(op.name in HOST_ROWWISE for op in host_rest(g))
+
+
+def mixed_pipeline(max_batch: int) -> str:
+    """The mixed path: views folded, the attention cores as ``attn_units`` kernels
+    (``attention-units``), the linears as cuBLAS GEMMs and the rest as CuPy kernels
+    (``lower-library``)."""
+    return f"fold-views,attention-units{{max_batch={max_batch}}},lower-library"
+
+
+def _rows(g: Graph, max_batch: int) -> int:
+    """``max_batch`` or a linear's or attention's static batch, whichever is larger."""
+    return max([max_batch] + [op.operands[0].type.shape[0] for op in g.body
+                              if (op.name, op.operands[0].type.rank) in
+                              (("linear", 2), ("decode_attention", 3)) and
+                              isinstance(op.operands[0].type.shape[0], int)])
 
 
 PREFILL_TOKENS = 256

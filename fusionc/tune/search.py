@@ -33,7 +33,7 @@ class Choice:
         return f"C={self.cluster} {self.scheme} unroll {self.gemv_unroll}"
 
 
-V2_PATHS = ("fused", "wide", "library")
+V2_PATHS = ("fused", "wide", "library", "mixed")   # mixed: GEMMs around attention units
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1")
     """Lowering v1: cluster sizes x QKV/gate-up schemes x gemv loads in flight. Lowering v2:
     the paths that can realize ``g`` at ``max_batch`` rows (fused up to its bucket, 128-row
     tiles where every linear is on tensor cores, the library path unless the graph attends:
-    the library has no attention)."""
+    the library has no attention; an attending graph has the mixed path instead, GEMMs around
+    attention units)."""
     if lowering == "v1":
         return [Choice(c, s, u) for c in (1, 2, 4, 8, 16) for s in ("splitk", "splitn")
                 for u in (8, 16)]
@@ -69,7 +70,7 @@ def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1")
         if top == MAX_BATCH_MMA:
             out.append(V2Choice("wide", True))
     if g is not None and any(op.name == "decode_attention" for op in g.body):
-        return out
+        return out + [V2Choice("mixed", False)]
     return out + [V2Choice("library", False)]
 
 
@@ -94,7 +95,8 @@ def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = T
             errors.append(e)  # this choice cannot realize the graph (sizes, shared memory)
     if not out:
         raise LoweringError(f"no candidate of the autotuning search compiles at batch "
-                            f"{max_batch}, KV length {kv_len}; the first ({cands[0]}): "
+                            f"{max_batch}, KV length {kv_len}; the first "
+                            f"({cands[0] if cands else 'none'}): "
                             f"{errors[0].message if errors else 'none'}", op=g.name,
                             loc=errors[0].loc if errors else g.loc,
                             valid=(errors[0].valid or "") + "; or a smaller --batch / sizes")

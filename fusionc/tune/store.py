@@ -47,7 +47,7 @@ def gpu_name() -> str:
 
 CLUSTERS, SCHEMES, UNROLL = (1, 2, 4, 8, 16), ("splitk", "splitn"), range(0, 33)
 CHOICE_TEXT = ('{"cluster": 1|2|4|8|16, "scheme": "splitk"|"splitn", "gemv_unroll": 0..32} '
-               '(v1) or {"path": "fused"|"wide"|"library", "chain": true|false} (v2) '
+               '(v1) or {"path": "fused"|"wide"|"library"|"mixed", "chain": true|false} (v2) '
                "under {graph key: {GPU: {version: ...}}}")
 
 

@@ -12,7 +12,8 @@ import time
 
 from fusionc.codegen import CodegenOptions, compile_kernel
 from fusionc.ir import parse_module
-from tests.gpu import (common, test_attention_gpu, test_attention_v2_gpu, test_collectives_gpu,
+from tests.gpu import (common, test_attention_gpu, test_attention_v2_edges_gpu,
+                       test_attention_v2_gpu, test_collectives_gpu,
                        test_examples_gpu, test_gemv_gpu, test_graph_ops_gpu, test_graphs_v2_gpu,
                        test_grid_gpu,
                        test_linear_v2_gpu,
@@ -36,6 +37,7 @@ def main() -> int:
     test_linear_v2_gpu.precompile()
     test_graphs_v2_gpu.precompile()
     test_attention_v2_gpu.precompile()
+    test_attention_v2_edges_gpu.precompile()
     print(f"end-to-end cases and model decoders compiled in {time.time() - t0:.1f} s")
     for mod in (test_collectives_gpu, test_gemv_gpu, test_attention_gpu, test_grid_gpu,
                 test_graph_ops_gpu, test_examples_gpu, test_zz_negative_control_gpu):

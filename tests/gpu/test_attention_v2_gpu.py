@@ -3,7 +3,8 @@ v2 linear kernels, the core (RoPE, QK-norm, KV append, split-KV attention) as at
 over every SM. Each case against the float64 interpreter and the simulator on fresh random
 inputs (NaN in the caches past each row's length, the output poisoned), with MHA, GQA 4:1 and
 8:1, one KV head, Qwen3's QK-norm, GPT-J RoPE with a partial rotary dim, Llama 3.1 scaling,
-head_dim 64 / 80 / 96 / 128 / 256, rows of length 0, 1, a chunk ± 1 and long rows, batch 1-64;
+head_dim 64 / 80 / 96 / 128 / 256, rows of length 0, 1, a chunk ± 1 and long rows, batch 1-64
+(batch 256: test_attention_v2_edges_gpu);
 then 50 CUDA-graph replays with lengths that grow each step."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
 import numpy as np
@@ -42,6 +43,8 @@ CASES = [
      [600, 129], 2),
     ("d64-batch64", dict(hidden=256, heads=8, kv_heads=4, head_dim=64, max_seq=256), "f16",
      None, 64),
+    ("batch5", dict(hidden=512, heads=8, kv_heads=2, head_dim=128, max_seq=1500), "bf16",
+     [0, 1, 1500, 129, 127], 5),
 ]
 
 

@@ -108,9 +108,11 @@ class GraphCtx:
         self.scope.append(v)
         return v
 
-    def pick(self, ok: Callable[[TensorType], bool], make: Callable[[], TensorType]) -> Value:
-        """A value in scope whose type satisfies ``ok``, or a new parameter of type ``make()``."""
-        cands = [v for v in self.scope if ok(v.type)]
+    def pick(self, ok: Callable[[TensorType], bool], make: Callable[[], TensorType],
+             avoid: str | None = None) -> Value:
+        """A value in scope (not named ``avoid``) whose type satisfies ``ok``, or a new
+        parameter of type ``make()``."""
+        cands = [v for v in self.scope if ok(v.type) and v.name != avoid]
         if cands and self.draw(st.integers(0, 3)):
             return self.draw(st.sampled_from(cands))
         t = make()
@@ -120,6 +122,10 @@ class GraphCtx:
     def value(self, t: TensorType) -> Value:
         """A value of exactly type ``t``: one in scope, or a new parameter."""
         return self.pick(lambda u: u == t, lambda: t)
+
+    def other(self, v: Value) -> Value:
+        """A value of ``v``'s type other than ``v`` (a V cache beside a K cache)."""
+        return self.pick(lambda u: u == v.type, lambda: v.type, avoid=v.name)
 
     def float_value(self, min_rank: int = 0, max_rank: int = 4) -> Value:
         return self.pick(lambda t: t.dtype in FLOAT_DTYPES and min_rank <= t.rank <= max_rank,
@@ -268,7 +274,7 @@ def _rope(c: GraphCtx) -> None:
 def _kv_append(c: GraphCtx) -> None:
     kc = c.pick(lambda t: t.rank == 4 and t.dtype in FLOAT_DTYPES,
                 lambda: TensorType(c.float_dtype(), (c.batch(), c.dim(), c.dim(), c.dim())))
-    vc = c.value(kc.type)
+    vc = c.other(kc)
     b, _, hkv, d = kc.type.shape
     k = c.value(TensorType(kc.type.dtype, (b, hkv, d)))
     v = c.value(k.type)
@@ -282,7 +288,7 @@ def _attention(c: GraphCtx) -> None:
     b, h, d = q.type.shape
     hkv = c.draw(st.sampled_from([g for g in range(1, min(h, 64) + 1) if h % g == 0] + [h]))
     kc = c.value(TensorType(q.type.dtype, (b, c.dim(), hkv, d)))
-    vc = c.value(kc.type)
+    vc = c.other(kc)
     lens = c.value(TensorType(DType.i32, (b,)))
     c.emit("decode_attention", [q, kc, vc, lens], {"scale": c.draw(pos_floats)})
 

@@ -39,9 +39,19 @@ def check_index(op, t, what, batch):
         fail(op, f"{what} has type {t}", f"i32[{batch}]")
 
 
+def _distinct(op):
+    """The K and V caches are two tensors (one value as both is always a mistake: the V
+    rows would overwrite the K rows)."""
+    i = 1 if op.name == "decode_attention" else 0   # q comes first in decode_attention
+    kc, vc = op.operands[i], op.operands[i + 1]
+    if kc.name == vc.name:
+        fail(op, f"%{kc.name} is both the K and the V cache", "two distinct cache tensors")
+
+
 def _append(op):
     kc, vc, k, v, pos = (x.type for x in op.operands)
     _check_caches(op, kc, vc)
+    _distinct(op)
     same_dtype(op, kc, k, v)
     want = (kc.shape[0], kc.shape[2], kc.shape[3])
     if k != v or k.shape != want:
@@ -54,6 +64,7 @@ def _append(op):
 def _attention(op):
     q, kc, vc, lens = (x.type for x in op.operands)
     _check_caches(op, kc, vc)
+    _distinct(op)
     same_dtype(op, q, kc)
     if q.rank != 3:
         fail(op, f"q has type {q}", "q: [batch, heads, head_dim]")

@@ -83,18 +83,26 @@ def pair_slices(style: str, rotary_dim: int) -> tuple[slice, slice]:
     return slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)
 
 
-def _run(op, args, ctx):
+def rope_values(x: np.ndarray, pos: np.ndarray, op, acc) -> np.ndarray:
+    """``x [B, ..., D]`` rotated at ``pos [B]`` by rope op ``op``'s attributes (theta, style,
+    rotary_dim, scaling), all in ``acc`` (the interpreter's rule; also used by fused ops that
+    rotate: ``attn_units``). RoFormer, Su et al. 2021, eq. 34."""
     r = op.attr("rotary_dim")
-    x, pos = args[0].astype(ctx.acc), args[1]
-    freq = inv_freq(op.attr("theta"), r, op.attr("scaling")).astype(ctx.acc)  # [r/2]
-    angle = pos.astype(ctx.acc)[:, None] * freq[None, :]  # [B, r/2]
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]  # [B, 1, r/2]
+    x = x.astype(acc)
+    freq = inv_freq(op.attr("theta"), r, op.attr("scaling")).astype(acc)  # [r/2]
+    angle = np.asarray(pos).astype(acc)[:, None] * freq[None, :]  # [B, r/2]
+    shape = (angle.shape[0],) + (1,) * (x.ndim - 2) + (r // 2,)
+    cos, sin = np.cos(angle).reshape(shape), np.sin(angle).reshape(shape)
     i1, i2 = pair_slices(op.attr("style"), r)
     x1, x2 = x[..., i1], x[..., i2]
     y = x.copy()
     y[..., i1] = x1 * cos - x2 * sin
     y[..., i2] = x2 * cos + x1 * sin
-    return (y,)
+    return y
+
+
+def _run(op, args, ctx):
+    return (rope_values(args[0], args[1], op, ctx.acc),)
 
 
 register(

@@ -28,8 +28,10 @@ SM, whatever the head counts (issue 22).
     acquire, bounded) until its (b, h) units are all counted and merges the slots in chunk
     order, so the result does not depend on the order units finish in; the last item of
     (b, h) sets the counters back to zero (CUDA-graph replays need no host reset). One chunk:
-    written directly. Every CTA is resident (one per SM) and units never wait, so no wait
-    cycle exists.
+    written directly. ``grid`` is the most CTAs (the slots are sized for it); a launch holds
+    min(grid, the CTAs resident at once) and strides by its own CTA count. Units never wait
+    and every launched CTA is resident, so no wait cycle exists; a merge wait that still times
+    out (another kernel holds SMs) sets the kernel's error word instead of hanging.
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ import math
 import numpy as np
 
 from fusionc.interp.numerics import round_to
-from fusionc.ir.ops.rope import inv_freq, pair_slices
+from fusionc.ir.ops.norm import rms_norm_values
+from fusionc.ir.ops.rope import rope_values
 from fusionc.ir.ops.tile_memory import K, param_of
 from fusionc.ir.registry import (FLOAT, FLOATS, POS_INT, Cost, OpDef, attr, enum, fail,
                                  register)
@@ -60,8 +63,32 @@ def split_plan(lens, kv_heads: int, grid: int, max_seq: int, tile: int = TILE):
     n = np.clip(np.asarray(lens, np.int64), 0, max_seq)
     tiles = -(-n // tile)
     per = max(1, -(-int(tiles.sum()) * kv_heads // grid))
-    splits = np.clip(-(-tiles // per), 1, MAX_SPLITS)
-    return tile * np.maximum(1, -(-tiles // splits)), splits
+    chunk = np.maximum(1, -(-tiles // np.clip(-(-tiles // per), 1, MAX_SPLITS)))
+    return tile * chunk, np.maximum(1, -(-tiles // chunk))   # no chunk left empty
+
+
+STEP = 16         # tokens per warp step (the mma's k for P·V)
+MAX_GROUP = 16    # query heads per KV head: the mma's 16 rows
+FAST_HEAD_DIMS = "head_dim <= 128 or 256"   # others between 144 and 240 spill registers
+
+
+def unsupported(dtype: DType, heads: int, kv_heads: int, head_dim: int) -> list[str]:
+    """Why the attention units cannot take this head geometry (empty: they can). The code
+    generator (``fusionc.codegen.attn_units``) and the default lowering both ask this."""
+    bad = []
+    if heads // kv_heads > MAX_GROUP:
+        bad.append(f"{heads // kv_heads} query heads per KV head (at most {MAX_GROUP})")
+    if head_dim % 16:
+        bad.append(f"head_dim {head_dim} (not a multiple of 16)")
+    if dtype not in (DType.f16, DType.bf16):
+        bad.append(f"dtype {dtype} (tensor cores: f16 or bf16)")
+    return bad
+
+
+def fast(head_dim: int) -> bool:
+    """Whether the units keep their accumulators in registers at this head_dim (the default
+    lowering sends others to v1): :data:`FAST_HEAD_DIMS`."""
+    return head_dim <= 128 or head_dim == 256
 
 
 def slots(max_batch: int, kv_heads: int, grid: int) -> int:
@@ -93,8 +120,9 @@ def _infer(op):
         if t.dtype != DType.i32 or t.shape != (b,):
             fail(op, f"{what} has type {t}", f"i32[{b}]")
     for v in op.operands[6:]:
-        if v.type.shape != (d,):
-            fail(op, f"norm weight %{v.name}: {v.type}", f"[{d}] (QK-norm over head_dim)")
+        if v.type.shape != (d,) or v.type.dtype != qkv.dtype:
+            fail(op, f"norm weight %{v.name}: {v.type}",
+                 f"{qkv.dtype}[{d}] (QK-norm over head_dim, the qkv dtype)")
     if len(op.operands) == 7:
         fail(op, "q_norm without k_norm", "both QK-norm weights or neither")
     r = op.attr("rotary_dim")
@@ -131,17 +159,11 @@ def head_vectors(op, qkv_row: np.ndarray, pos: int, h: int, norms) -> tuple:
 
 
 def _rms(x, w, eps, dt):
-    r = np.float32(1) / np.sqrt((x * x).mean(axis=-1, keepdims=True) + np.float32(eps))
-    return round_to((x * r * np.asarray(w, np.float32)).astype(np.float32), dt).astype(np.float32)
+    return round_to(rms_norm_values(x, np.asarray(w), eps, np.float32), dt).astype(np.float32)
 
 
 def _rope(op, x, pos, dt):
-    r = op.attr("rotary_dim")
-    a = np.float32(pos) * inv_freq(op.attr("theta"), r, op.attr("scaling")).astype(np.float32)
-    c, s = np.cos(a).astype(np.float32), np.sin(a).astype(np.float32)
-    i1, i2 = pair_slices(op.attr("style"), r)
-    y = x.copy()
-    y[:, i1], y[:, i2] = x[:, i1] * c - x[:, i2] * s, x[:, i2] * c + x[:, i1] * s
+    y = rope_values(x[None], np.array([pos]), op, np.float32)[0]
     return round_to(y, dt).astype(np.float32)
 
 
