@@ -23,7 +23,7 @@ from fusionc.errors import CompileError
 from fusionc.ir.nodes import Graph, Op
 from fusionc.ir.ops.rope import inv_freq
 from fusionc.ir.kernel import SMEM_LIMIT
-from fusionc.ir.ops.tile_attn_units import MAX_SPLITS, slots
+from fusionc.ir.ops.tile_attn_units import MAX_SPLITS, UNIT_OVERHEAD, WAVES, slots
 from fusionc.ir.printer import print_graph
 
 MAX_STAGES = 3    # cp.async stages per warp (2 at least)
@@ -37,7 +37,8 @@ def attn_op(kernel: Graph) -> Op | None:
 def geometry(op: Op, threads: int, max_batch: int) -> dict:
     """G, D, H, KVH, S of the op, the cp.async stages per warp and the shared-memory bytes of
     the template's layout: the warps' rings ([W][stages][32 rows][D + 8]), the q rows
-    ([16][D + 8]), the new k and v, fp32 q/k/v, m/l, the reduction words and the unit prefix."""
+    ([16][D + 8]), the new k and v, fp32 q/k/v, m/l, the plan's sums (2 · WAVES + W) and the unit
+    prefix."""
     kc, o = op.operands[1].type, op.operands[5].type
     _, S, kvh, d = kc.shape
     heads = o.shape[1] // d
@@ -45,7 +46,8 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     warps = threads // 32
     step = 2 * 16 * (d + 8) * isz
     g = heads // kvh
-    rest = 16 * (d + 8) * isz + 2 * d * isz + 4 * ((g + 2) * d + 2 * g + warps + max_batch + 2)
+    rest = 16 * (d + 8) * isz + 2 * d * isz + \
+        4 * ((g + 2) * d + 2 * g + 2 * WAVES + warps + max_batch + 2)
     stages = min(MAX_STAGES, (SMEM_LIMIT - rest) // (warps * step))
     return dict(G=g, D=d, H=heads, KVH=kvh, S=S, stages=stages,
                 smem=warps * stages * step + rest)
@@ -89,6 +91,7 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
         params=[kp.decl for kp in params], T=cnames.ctype(op.operands[0].type.dtype),
         G=geo["G"], D=geo["D"], H=geo["H"], KVH=geo["KVH"], S=geo["S"], tile=op.attr("tile"),
         grid=op.attr("grid"), threads=threads, max_batch=mb, max_splits=MAX_SPLITS,
+        wmax=WAVES, c0=UNIT_OVERHEAD,
         scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),
         inv_freq=", ".join(cnames.f32_literal(float(f)) for f in freq),
         norm=len(op.operands) == 8, eps=repr(float(op.attr("eps"))),

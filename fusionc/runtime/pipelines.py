@@ -41,8 +41,9 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     (:func:`fusionc.lower.match_v2.unfused_ops`: a graph without a linear, an elementwise op
     before a linear, a norm with other uses) and the library path runs them all
     (``HOST_ROWWISE``; others stay on the fused pipeline, whose ``partition-units`` names
-    them). Attention graphs never take the library path: past the bucket, or with host ops
-    left, they take the mixed path (:func:`mixed_pipeline`: GEMMs around attention units).
+    them). Attention graphs never take the library path: past the bucket, with host ops left,
+    or where the cost table measured the library path faster (33 rows and more on an H200),
+    they take the mixed path (:func:`mixed_pipeline`: GEMMs around attention units).
     The rows are ``max_batch`` or a static batch, whichever is larger."""
     from fusionc.cost.h200 import H200
     from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
@@ -57,7 +58,7 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     runs = bool(left) and all(op.name in HOST_ROWWISE for op in left)
     path = H200.v2_path(rows)
     if any(op.name == "decode_attention" for op in g.body):   # no library attention
-        if (top is None or rows > top or left) and mixed(g):
+        if (top is None or rows > top or left or path == "library") and mixed(g):
             return mixed_pipeline(rows)
         wide = path == "wide" and top == MAX_BATCH_MMA
         return path_pipeline(g, max_batch, "wide" if wide else "fused", None)

@@ -100,7 +100,7 @@ def test_attention_v2_against_float64(case):
                                     f"{len(loaded)} kernels")
     assert all(np.isfinite(a[np.isfinite(r)]).all() for a, r in zip(got, ref))
     assert e_ref <= 1e-2 and e_sim <= 2e-3
-    assert len(loaded) == 3
+    assert len(loaded) == (3 if case[4] <= 32 else 1)   # 33+ rows: GEMMs around the units
     assert all(int(lk.counters.sum()) == 0 for lk in loaded)
 
 

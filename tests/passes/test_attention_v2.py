@@ -160,6 +160,15 @@ def test_split_plan_leaves_no_chunk_empty_after_rounding():
     assert (L.tolist(), splits.tolist()) == ([3 * TILE], [44])
 
 
+def test_split_plan_takes_more_waves_where_whole_rows_leave_the_last_one_empty():
+    # 40 MHA heads x 4 rows of 32 tiles on 132 CTAs: 160 whole rows are 2 waves (the second
+    # 28/132 full); 640 quarter rows are 5 nearly full waves of 8 tiles
+    L, splits = split_plan([4096] * 4, 40, 132, 4096)
+    assert L.tolist() == [8 * TILE] * 4 and splits.tolist() == [4] * 4
+    L, splits = split_plan([16384] * 16, 32, 132, 16384)   # 512 whole rows: 3.9 full waves
+    assert splits.tolist() == [1] * 16
+
+
 def _swap(text: str) -> str:
     """The attention block's IR with decode_attention reading the appended caches swapped."""
     import re

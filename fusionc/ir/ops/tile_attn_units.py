@@ -49,22 +49,44 @@ from fusionc.ir.types import FLOAT_DTYPES, DType
 
 TILE = 128   # tokens per chunk step: chunk lengths are multiples of it
 MAX_SPLITS = 64   # chunks of one (b, h) at most: a merge item reads them all
+WAVES = 8         # unit sizes tried by the split plan: T / (grid · w) tiles, w = 1 .. WAVES
+UNIT_OVERHEAD = 1   # a unit's fixed cost in tiles (ring fill, q staging, partial write)
 
 
 def split_plan(lens, kv_heads: int, grid: int, max_seq: int, tile: int = TILE):
-    """(L, splits) of one launch from the run-time ``lens`` (seq_lens, clamped to [0, max_seq]):
-    row b's chunk length ``L[b]`` (a multiple of ``tile``) and its chunks ``splits[b]``.
+    """(L, splits) of one launch from the run-time ``lens`` (seq_lens, clamped to [0, max_seq])
+    on ``grid`` CTAs: row b's chunk length ``L[b]`` (a multiple of ``tile``) and its chunks
+    ``splits[b]``.
 
-    With t_b = ⌈n_b / tile⌉ and T = kv_heads · Σ_b t_b tiles in all, a unit takes about
-    per = ⌈T / grid⌉ tiles: splits_b = clamp(⌈t_b / per⌉, 1, MAX_SPLITS) chunks of
-    ⌈t_b / splits_b⌉ tiles each, so that the chunks of a row are equal (units of one size
-    balance over the CTAs) and the units number at most grid + B·kv_heads. The CUDA code (``templates/attn_units.cu.j2``)
-    computes the same numbers."""
+    With t_b = ⌈n_b / tile⌉ and T = kv_heads · Σ_b t_b tiles in all, a unit of w waves takes
+    about per_w = ⌈T / (grid · w)⌉ tiles: s_b = clamp(⌈t_b / per_w⌉, 1, MAX_SPLITS) chunks of
+    c_b = ⌈t_b / s_b⌉ tiles each, so that the chunks of a row are equal (units of one size
+    balance over the CTAs), then splits_b = max(1, ⌈t_b / c_b⌉) ≤ s_b so that no chunk is empty
+    (t = 130, s = 64 gives chunks of 3 tiles: 44 of them). Of w = 1 .. WAVES, the plan takes
+    the least ⌈U_w / grid⌉ · (max_b c_b + UNIT_OVERHEAD), U_w = kv_heads · Σ splits_b units (the
+    first on ties): more
+    waves of smaller units where whole rows leave the last wave nearly empty (40 MHA heads × 4
+    rows = 160 units on 132 CTAs: 5 waves of 640 quarter-rows, not 2 of 160). The units
+    number at most grid · WAVES + B · kv_heads (:func:`slots`). The CUDA code
+    (``templates/attn_plan.cu.j2``) computes the same numbers."""
     n = np.clip(np.asarray(lens, np.int64), 0, max_seq)
     tiles = -(-n // tile)
-    per = max(1, -(-int(tiles.sum()) * kv_heads // grid))
+    total = int(tiles.sum()) * kv_heads
+    best = None
+    for w in range(1, WAVES + 1):
+        per = max(1, -(-total // (grid * w)))
+        chunk, splits = _chunks(tiles, per)
+        top = int(chunk.max()) if len(chunk) else 0
+        cost = -(-int(splits.sum()) * kv_heads // grid) * (top + UNIT_OVERHEAD)
+        if best is None or cost < best[0]:
+            best = (cost, chunk, splits)
+    return tile * best[1], best[2]
+
+
+def _chunks(tiles, per: int):
+    """(c_b, splits_b) at ``per`` tiles a unit (:func:`split_plan`)."""
     chunk = np.maximum(1, -(-tiles // np.clip(-(-tiles // per), 1, MAX_SPLITS)))
-    return tile * chunk, np.maximum(1, -(-tiles // chunk))   # no chunk left empty
+    return chunk, np.maximum(1, -(-tiles // chunk))   # no chunk left empty
 
 
 STEP = 16         # tokens per warp step (the mma's k for P·V)
@@ -92,8 +114,9 @@ def fast(head_dim: int) -> bool:
 
 
 def slots(max_batch: int, kv_heads: int, grid: int) -> int:
-    """Partial slots a launch may fill (one per unit): at most grid + max_batch · kv_heads."""
-    return grid + max_batch * kv_heads
+    """Partial slots a launch may fill (one per unit): U ≤ T / per + B · kv_heads ≤
+    grid · WAVES + max_batch · kv_heads (:func:`split_plan`)."""
+    return grid * WAVES + max_batch * kv_heads
 
 
 def _shapes(op):
