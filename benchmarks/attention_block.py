@@ -141,7 +141,7 @@ def fusionc_attention(m, batch, kv, codegen=None, lowering=None):
     mod = _module(m, kv)
     try:
         if lowering == "v2":
-            return fusionc.compile(mod, max_batch=batch, lowering="v2")
+            return fusionc.compile(mod, max_batch=batch, lowering="v2", codegen=codegen)
         return fusionc.compile(mod, max_batch=batch, kv_len=kv, autotune=TUNE, codegen=codegen,
                                lowering=lowering)
     except fusionc.errors.FusionError as e:  # reported in the table

@@ -143,7 +143,9 @@ def run_passes(module, args):
             why = ""
             if "lower-library" in names and not args.passes and \
                     getattr(args, "lowering", "v1") == "v2":
-                why = (f" (lowering v2 takes the library path at --max-batch {args.max_batch}:"
+                path = "the mixed path (cuBLAS GEMMs around attention units)" \
+                    if "attention-units" in names else "the library path"
+                why = (f" (lowering v2 takes {path} at --max-batch {args.max_batch}:"
                        " past the fused bucket or where the cost table measured it faster; the"
                        " fused kernels: --passes \"$(python -c 'from fusionc.passes.stream"
                        f" import v2_pipeline; print(v2_pipeline({args.max_batch}))')\")")

@@ -6,7 +6,9 @@
 - design v2 (``lowering = v2``, :mod:`.stream`): ``partition-units`` (the unit schedule),
   ``stream-plan`` (tiles through a TMA-fed ring), ``insert-barriers`` (the ring's waits and
   proxy fences), ``smem-plan`` (ring depth from the shared-memory budget); before them
-  ``fold-views`` (:mod:`.fold_views`: views moved past elementwise ops and cancelled).
+  ``fold-views`` (:mod:`.fold_views`: views moved past elementwise ops and cancelled);
+  ``attention-units`` (:mod:`.attention_units`: attention cores as units kernels, alone before
+  ``lower-library`` on the mixed path).
 """
 from fusionc.passes import fold_views, fuse, fuse_allreduce_norm, lower_library  # noqa: F401
 from fusionc.passes import partition_cluster, split_tokens, stream  # noqa: F401
