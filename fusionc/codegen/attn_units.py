@@ -56,14 +56,18 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
 def _check(kernel: Graph, op: Op, geo: dict) -> None:
     from fusionc.ir.ops.tile_attn_units import unsupported
     bad = unsupported(op.operands[0].type.dtype, geo["H"], geo["KVH"], geo["D"])
-    if geo["stages"] < 2 and not bad:   # (f32's rings would not fit either: named above)
+    if geo["stages"] < 2 and not bad and \
+            geometry(op, kernel.attr("threads"), 1)["stages"] >= 2:   # the prefix is too big
+        bad.append(f"a bucket of {kernel.attr('max_batch')} rows (the unit prefix takes "
+                   f"4 B a row of shared memory)")
+    elif geo["stages"] < 2 and not bad:   # (f32's rings would not fit either: named above)
         bad.append(f"head_dim {geo['D']} with {kernel.attr('threads')} threads (two "
                    "cp.async stages per warp do not fit in shared memory)")
     if bad:
         raise CompileError("attention units cannot take " + ", ".join(bad), op=op.name,
                            loc=op.loc, valid="f16 or bf16, head_dim a multiple of 16, at most "
-                                             "16 query heads per KV head (lowering v1 takes "
-                                             "the others)")
+                                             "16 query heads per KV head, a few thousand "
+                                             "rows at most (lowering v1 takes the others)")
 
 
 def generate_attn_units(kernel: Graph, options=None) -> KernelSource:

@@ -34,9 +34,9 @@ def covers(g: Graph) -> bool:
         return False
     for c in cores:
         q, kc = c.attention.operands[0].type, c.caches[0].type
-        if unsupported(q.dtype, q.shape[1], kc.shape[2], kc.shape[3]) or \
-                not fast(kc.shape[3]) or \
-                not all(isinstance(x, int) for x in kc.shape[1:]):
+        if not all(isinstance(x, int) for x in (q.shape[1], *kc.shape[1:])) or \
+                unsupported(q.dtype, q.shape[1], kc.shape[2], kc.shape[3]) or \
+                not fast(kc.shape[3]):
             return False
     return True
 
@@ -46,6 +46,22 @@ def host_rest(g: Graph) -> list[Op]:
     mixed path (``attention-units`` then ``lower-library``) runs on the host."""
     absorbed = {id(o) for c in attention_cores(g) for o in c.absorbed}
     return [op for op in g.body if op.name != "linear" and id(op) not in absorbed]
+
+
+def refuse_unmatched(g: Graph, cores) -> None:
+    """LoweringError naming a ``decode_attention`` of ``g`` that is no matched core (``cores``:
+    ids of the matched attentions), rather than the first op of its block that no kernel took
+    (``partition-units`` and ``attention-units`` both ask)."""
+    from fusionc.errors import LoweringError
+    for op in g.body:
+        if op.name == "decode_attention" and id(op) not in cores:
+            raise LoweringError(
+                "an attention outside the block form the attention units take", op=op.name,
+                loc=op.loc, valid="q, k, v = split(linear(...)) -> reshape to heads -> "
+                "(rms_norm: QK-norm) -> one rope on q and k -> kv_cache_append(k_cache, "
+                "v_cache, k, v, positions) on caches nothing else reads -> "
+                "decode_attention(q, appended k, appended v, seq_lens) -> reshape, each value "
+                "read once (fusionc.models.blocks); others on lowering='v1'")
 
 
 def threads(head_dim: int) -> int:
@@ -107,6 +123,7 @@ def _match(att: Op, made, use, outputs) -> AttentionCore | None:
             rk.operands[1].name != pos.name:
         return None
     if kc.name in made or vc.name in made or \
+            use.get(kc.name) != [app] or use.get(vc.name) != [app] or \
             _only(q_rot, use, outputs, "decode_attention") is not att or \
             _only(k_rot, use, outputs, "kv_cache_append") is not app or \
             any(u is not att for u in use.get(kc1.name, []) + use.get(vc1.name, [])):

@@ -64,6 +64,12 @@ def match_attention(df: Dataflow, att: Op) -> AttentionStage:
                             op=att.name, loc=att.loc,
                             valid="k_cache, v_cache = kv_cache_append(...) before attention")
     kc0, vc0, k, v, positions = app.operands
+    for c in (kc0, vc0):   # appended in place: a later read of the old cache would see the new row
+        if df.uses.get(c.name) != [app] or any(o.name == c.name for o in df.graph.outputs):
+            raise LoweringError(f"the cache %{c.name} is read beside its kv_cache_append",
+                                op=app.name, loc=app.loc,
+                                valid="caches read only by the append (it updates them in "
+                                      "place); use the appended caches it returns")
     krows, hk, kn, krope, kpos, kops = _head_chain(df, k, app)
     vrows, hv, vn, vrope, _, vops = _head_chain(df, v, app)
     if not (hq.name == hk.name == hv.name):

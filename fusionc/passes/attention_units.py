@@ -68,13 +68,14 @@ class AttentionUnits(Pass):
             raise PassError(f"max_batch = {self.max_batch}", op=self.name, valid=">= 1")
 
     def run(self, module: Module) -> Module:
-        from fusionc.lower.attention_v2 import attention_cores
+        from fusionc.lower.attention_v2 import attention_cores, refuse_unmatched
         kernels, graphs = [], []
         for g in module.graphs:
             if g.kind != "graph":
                 graphs.append(g)
                 continue
             cores = {id(c.attention): c for c in attention_cores(g)}
+            refuse_unmatched(g, cores)
             absorbed = {id(o) for c in cores.values() for o in c.absorbed}
             made = {p.name for p in g.params}
             body = []

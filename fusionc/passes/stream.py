@@ -125,9 +125,9 @@ class PartitionUnits(Pass):
         specs = {id(k.linear): k for k in found}
         cut = chains(g, found) if self.chain else [[k] for k in found]
         chain_of = {id(k.linear): c for c in cut for k in c}
-        from fusionc.lower.attention_v2 import attention_cores
+        from fusionc.lower.attention_v2 import attention_cores, refuse_unmatched
         cores = {id(c.attention): c for c in attention_cores(g)}
-        _refuse_unmatched_attention(g, cores)
+        refuse_unmatched(g, cores)
         folded = {id(o) for k in specs.values() for o in k.absorbed}
         folded |= {id(k.norm) for k in specs.values() if k.norm is not None}
         folded |= {id(o) for c in cores.values() for o in c.absorbed}
@@ -178,20 +178,6 @@ class PartitionUnits(Pass):
             kernels.append(k)
             body.append(_op("launch", ins, outs, op.loc, kernel=SymbolRef(k.name)))
         return kernels, g.replace(body=tuple(body))
-
-
-def _refuse_unmatched_attention(g: Graph, cores: dict) -> None:
-    """LoweringError naming a ``decode_attention`` that is no matched core (rather than the
-    first op of its block, e.g. the ``split`` that no kernel took)."""
-    for op in g.body:
-        if op.name == "decode_attention" and id(op) not in cores:
-            raise LoweringError(
-                "an attention outside the block form the attention units take", op=op.name,
-                loc=op.loc, valid="q, k, v = split(linear(...)) -> reshape to heads -> "
-                "(rms_norm: QK-norm) -> one rope on q and k -> kv_cache_append(k_cache, "
-                "v_cache, k, v, positions) -> decode_attention(q, appended k, appended v, "
-                "seq_lens) -> reshape, each value read once (fusionc.models.blocks); others "
-                "on lowering='v1'")
 
 
 @register_pass

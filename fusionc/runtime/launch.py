@@ -291,7 +291,9 @@ class LoadedKernel:
 
     def errors(self) -> int:
         """The error word of a streamed kernel's counters (non-zero: a counter wait timed out;
-        the results of that launch are not valid). Synchronizes the device."""
+        the results of that launch are not valid, and units that finished after the timeout
+        may have left counts behind: load the kernel again before trusting another launch).
+        Synchronizes the device."""
         import cupy
         if not self.compiled.source.persistent_units:
             return 0

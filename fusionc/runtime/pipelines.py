@@ -58,8 +58,18 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     runs = bool(left) and all(op.name in HOST_ROWWISE for op in left)
     path = H200.v2_path(rows)
     if any(op.name == "decode_attention" for op in g.body):   # no library attention
-        if (top is None or rows > top or left or path == "library") and mixed(g):
-            return mixed_pipeline(rows)
+        if top is None or rows > top or left or path == "library":
+            bad = _not_mixed(g)
+            if bad is None:
+                return mixed_pipeline(rows)
+            if top is None or rows > top:
+                from fusionc.errors import LoweringError
+                raise LoweringError(f"an attention graph of {rows} rows (past the fused "
+                                    f"bucket) whose {bad.name} the host cannot run",
+                                    op=bad.name, loc=bad.loc,
+                                    valid="linears, attention blocks and row-wise float ops "
+                                          f"on [T, D] rows (the mixed path); at most {top} "
+                                          "rows for the fused kernels; or lowering='v1'")
         wide = path == "wide" and top == MAX_BATCH_MMA
         return path_pipeline(g, max_batch, "wide" if wide else "fused", None)
     if top is not None and (rows > top or path == "library") or \
@@ -107,7 +117,10 @@ def _v2_decode(g: Graph, max_batch: int) -> bool:
     form at a geometry the units run at speed (:func:`fusionc.lower.attention_v2.covers`), and
     either fused kernels for all of it (no op left that no v2 kernel absorbs, e.g. a rope or an
     append outside such a block or a norm after it; the rows within the fused linears' bucket,
-    128 on tensor cores) or, past the bucket, the mixed path (:func:`mixed`)."""
+    128 on tensor cores) or the mixed path (:func:`mixed`) past the bucket or where the cost
+    table measured the library path faster (33 rows and more on an H200): the same choice as
+    :func:`v2_default_pipeline`'s."""
+    from fusionc.cost.h200 import H200
     from fusionc.lower.attention_v2 import covers
     from fusionc.lower.linear_v2 import fused_rows
     from fusionc.lower.match_v2 import unfused_ops
@@ -115,18 +128,30 @@ def _v2_decode(g: Graph, max_batch: int) -> bool:
     g = fold_views(g)
     if not covers(g):
         return False
-    top = fused_rows(g)
-    if top is not None and _rows(g, max_batch) <= top:
-        return not unfused_ops(g)
-    return mixed(g)
+    top, rows = fused_rows(g), _rows(g, max_batch)
+    if top is not None and rows <= top and not unfused_ops(g):
+        return True
+    return (top is None or rows > top or H200.v2_path(rows) == "library") and mixed(g)
 
 
 def mixed(g: Graph) -> bool:
     """Whether the mixed path runs graph ``g`` (views folded): linears as GEMMs, each attention
-    core on the units, and only host row-wise ops besides (``HOST_ROWWISE``)."""
+    core on the units, and besides them only host row-wise ops (``HOST_ROWWISE``) on float
+    operands, norms over rows ``[T, D]``."""
+    return _not_mixed(g) is None
+
+
+def _not_mixed(g: Graph):
+    """The first op of ``g`` the mixed path cannot run on the host, or None."""
     from fusionc.ir.ops.tokens import HOST_ROWWISE
+    from fusionc.ir.types import FLOAT_DTYPES
     from fusionc.lower.attention_v2 import host_rest
-    return all(op.name in HOST_ROWWISE for op in host_rest(g))
+    for op in host_rest(g):
+        if op.name not in HOST_ROWWISE or \
+                any(v.type.dtype not in FLOAT_DTYPES for v in op.operands) or \
+                op.name == "rms_norm" and op.operands[0].type.rank != 2:
+            return op
+    return None
 
 
 def mixed_pipeline(max_batch: int) -> str:

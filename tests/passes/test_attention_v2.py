@@ -28,6 +28,26 @@ def block(dtype="f16", **kw):
     return attention_block(eps=1e-5, theta=1e4, dtype=dtype, **sizes)
 
 
+def tiny(tail=None, B="B", **rope):
+    """A one-KV-head attention block written out in the DSL (hidden 64, 2 query heads,
+    head_dim 32, max_seq 80; ``rope``: the rope op's style, rotary_dim, scaling); it returns
+    ``tail(y, kc, vc, k_cache, w_n, positions)``, by default (y, kc, vc)."""
+    import fusionc as fc
+
+    @fc.graph
+    def g(x: fc.f16[B, 64], w_qkv: fc.f16[128, 64], w_o: fc.f16[64, 64], w_n: fc.f16[64],
+          k_cache: fc.f16[B, 80, 1, 32], v_cache: fc.f16[B, 80, 1, 32],
+          positions: fc.i32[B], seq_lens: fc.i32[B]):
+        q, k, v = fc.split(fc.linear(x, w_qkv), [64, 32, 32])
+        q = fc.rope(fc.split_heads(q, 2), positions, 1e4, **rope)
+        k = fc.rope(fc.split_heads(k, 1), positions, 1e4, **rope)
+        kc, vc = fc.kv_cache_append(k_cache, v_cache, k, fc.split_heads(v, 1), positions)
+        o = fc.decode_attention(q, kc, vc, seq_lens, 0.2)
+        y = x + fc.linear(fc.merge_heads(o), w_o)
+        return tail(y, kc, vc, k_cache, w_n, positions) if tail else (y, kc, vc)
+    return g
+
+
 def test_partition_units_makes_qkv_units_and_o_projection_kernels():
     low = run_pipeline(block(), "fold-views,partition-units{max_batch=4}")
     host = low["attention"]
@@ -91,18 +111,7 @@ def test_simulate_lowered_attention_matches_interpret(cfg, seed):
 
 
 def test_gptj_partial_rotary_and_llama31_scaling_in_the_simulator():
-    import fusionc as fc
-
-    @fc.graph
-    def g(x: fc.f16["B", 64], w_qkv: fc.f16[128, 64], w_o: fc.f16[64, 64],
-          k_cache: fc.f16["B", 80, 1, 32], v_cache: fc.f16["B", 80, 1, 32],
-          positions: fc.i32["B"], seq_lens: fc.i32["B"]):
-        q, k, v = fc.split(fc.linear(x, w_qkv), [64, 32, 32])
-        q = fc.rope(fc.split_heads(q, 2), positions, 1e4, "gptj", 16, scaling=[8, 1, 4, 64])
-        k = fc.rope(fc.split_heads(k, 1), positions, 1e4, "gptj", 16, scaling=[8, 1, 4, 64])
-        kc, vc = fc.kv_cache_append(k_cache, v_cache, k, fc.split_heads(v, 1), positions)
-        o = fc.decode_attention(q, kc, vc, seq_lens, 0.2)
-        return x + fc.linear(fc.merge_heads(o), w_o), kc, vc
+    g = tiny(style="gptj", rotary_dim=16, scaling=[8, 1, 4, 64])
     rng = np.random.default_rng(3)
     args = inputs(g.graphs[0], 3, [80, 1, 40], rng)
     ref = interpret(g, args)
@@ -200,20 +209,10 @@ def test_one_tensor_as_both_caches_is_a_named_verify_error():
 
 
 def test_a_static_batch_above_the_bucket_sizes_the_units_kernel():
-    import fusionc as fc
     from fusionc.lower.attention_v2 import attention_cores, lower_core
     from fusionc.passes.fold_views import fold_views
 
-    @fc.graph
-    def g(x: fc.f16[24, 64], w_qkv: fc.f16[128, 64], w_o: fc.f16[64, 64],
-          k_cache: fc.f16[24, 80, 1, 32], v_cache: fc.f16[24, 80, 1, 32],
-          positions: fc.i32[24], seq_lens: fc.i32[24]):
-        q, k, v = fc.split(fc.linear(x, w_qkv), [64, 32, 32])
-        q = fc.rope(fc.split_heads(q, 2), positions, 1e4)
-        k = fc.rope(fc.split_heads(k, 1), positions, 1e4)
-        kc, vc = fc.kv_cache_append(k_cache, v_cache, k, fc.split_heads(v, 1), positions)
-        o = fc.decode_attention(q, kc, vc, seq_lens, 0.2)
-        return x + fc.linear(fc.merge_heads(o), w_o), kc, vc
+    g = tiny(B=24)
     core, = attention_cores(fold_views(g.graphs[0]))
     assert lower_core(core, "k", max_batch=8).attr("max_batch") == 24
     rng = np.random.default_rng(5)
@@ -233,18 +232,9 @@ def test_default_lowering_keeps_v1_for_graphs_v2_would_not_lower():
     assert default_lowering(block(head_dim=192, heads=2, kv_heads=1).graphs[0]) == "v1"
     assert default_lowering(block(head_dim=256, heads=2, kv_heads=1).graphs[0]) == "v2"
 
-    @fc.graph
-    def normed(x: fc.f16["B", 64], w_qkv: fc.f16[128, 64], w_o: fc.f16[64, 64],
-               w_n: fc.f16[64], k_cache: fc.f16["B", 80, 1, 32],
-               v_cache: fc.f16["B", 80, 1, 32], positions: fc.i32["B"],
-               seq_lens: fc.i32["B"]):
-        q, k, v = fc.split(fc.linear(x, w_qkv), [64, 32, 32])
-        q = fc.rope(fc.split_heads(q, 2), positions, 1e4)
-        k = fc.rope(fc.split_heads(k, 1), positions, 1e4)
-        kc, vc = fc.kv_cache_append(k_cache, v_cache, k, fc.split_heads(v, 1), positions)
-        o = fc.decode_attention(q, kc, vc, seq_lens, 0.2)
-        return fc.rms_norm(x + fc.linear(fc.merge_heads(o), w_o), w_n, 1e-5), kc, vc
-    assert default_lowering(normed.graphs[0]) == "v1"    # a norm after the block
+    normed = tiny(lambda y, kc, vc, k_cache, w_n, pos: (fc.rms_norm(y, w_n, 1e-5), kc, vc))
+    assert default_lowering(normed.graphs[0]) == "v1"    # a norm after the block, 8 rows
+    assert default_lowering(normed.graphs[0], max_batch=64) == "v2"   # the mixed path
 
 
 def test_past_the_bucket_the_mixed_path_runs_gemms_around_the_units():
@@ -269,3 +259,45 @@ def test_attention_units_pass_alone_shows_in_ir_after():
     low = run_pipeline(block(), "fold-views,attention-units{max_batch=4}")
     text = print_module(low)
     assert "attn_units(" in text and "linear(%h, %w_qkv)" in text and "rope(" not in text
+
+
+def _with_old_cache_read():
+    """The attention block, also returning k_cache + k_cache of the cache *input*."""
+    return tiny(lambda y, kc, vc, k_cache, w_n, pos: (y, kc, vc, k_cache + k_cache))
+
+
+def test_a_cache_read_beside_its_in_place_append_is_refused_by_name():
+    from fusionc.errors import LoweringError
+    from fusionc.passes import DEFAULT_PIPELINE
+    m = _with_old_cache_read()
+    assert default_lowering(m.graphs[0], max_batch=200) == "v1"
+    with pytest.raises(LoweringError, match="outside the block form") as e:
+        run_pipeline(m, "fold-views,attention-units{max_batch=200},lower-library")
+    assert e.value.op == "decode_attention"
+    with pytest.raises(LoweringError, match="read beside its kv_cache_append") as e:
+        run_pipeline(m, DEFAULT_PIPELINE)
+    assert e.value.op == "kv_cache_append"
+
+
+def test_mixed_path_choices_follow_what_the_host_can_run():
+    from fusionc.errors import LoweringError
+    from fusionc.runtime.pipelines import v2_default_pipeline
+    from fusionc.tune.search import candidates
+    g = block().graphs[0]
+    assert [c.path for c in candidates(g, 200, "v2")] == ["mixed"]
+    import fusionc as fc
+    roped = tiny(lambda y, kc, vc, k_cache, w_n, pos: (
+        fc.merge_heads(fc.rope(fc.split_heads(y, 2), pos, 1e4)), kc, vc))
+    assert candidates(roped.graphs[0], 200, "v2") == []
+    assert default_lowering(roped.graphs[0], max_batch=200) == "v1"
+    with pytest.raises(LoweringError, match="whose reshape the host cannot run") as e:
+        v2_default_pipeline(roped.graphs[0], 200)   # the heads view before the rope
+    assert e.value.op == "reshape" and e.value.loc is not None
+
+
+def test_a_bucket_too_big_for_the_unit_prefix_is_named():
+    from fusionc.codegen import compile_kernel
+    low = run_pipeline(block(), "fold-views,attention-units{max_batch=60000}")
+    k = next(g for g in low.graphs if g.kind == "kernel")
+    with pytest.raises(CompileError, match="a bucket of 60000 rows"):
+        compile_kernel(k)

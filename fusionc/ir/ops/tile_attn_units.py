@@ -68,7 +68,9 @@ def split_plan(lens, kv_heads: int, grid: int, max_seq: int, tile: int = TILE):
     waves of smaller units where whole rows leave the last wave nearly empty (40 MHA heads × 4
     rows = 160 units on 132 CTAs: 5 waves of 640 quarter-rows, not 2 of 160). The units
     number at most grid · WAVES + B · kv_heads (:func:`slots`). The CUDA code
-    (``templates/attn_plan.cu.j2``) computes the same numbers."""
+    (``templates/attn_plan.cu.j2``) computes the same numbers with ``grid`` its launch's CTAs
+    (fewer than the op's when the GPU holds fewer: the chunks then differ from the
+    simulator's, the results only by rounding)."""
     n = np.clip(np.asarray(lens, np.int64), 0, max_seq)
     tiles = -(-n // tile)
     total = int(tiles.sum()) * kv_heads
