@@ -46,8 +46,12 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     warps = threads // 32
     step = 2 * 16 * (d + 8) * isz
     g = heads // kvh
-    rest = 16 * (d + 8) * isz + 2 * d * isz + \
-        4 * ((g + 2) * d + 2 * g + 2 * WAVES + warps + max_batch + 2)
+    if op.attr("warps"):   # per warp: q rows, new k and v, one fp32 vector
+        rest = warps * (16 * (d + 8) * isz + 2 * d * isz + 4 * d) + \
+            4 * (2 * g + 2 * WAVES + warps + max_batch + 2)
+    else:
+        rest = 16 * (d + 8) * isz + 2 * d * isz + \
+            4 * ((g + 2) * d + 2 * g + 2 * WAVES + warps + max_batch + 2)
     stages = min(MAX_STAGES, (SMEM_LIMIT - rest) // (warps * step))
     return dict(G=g, D=d, H=heads, KVH=kvh, S=S, stages=stages,
                 smem=warps * stages * step + rest)
@@ -95,7 +99,7 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
         params=[kp.decl for kp in params], T=cnames.ctype(op.operands[0].type.dtype),
         G=geo["G"], D=geo["D"], H=geo["H"], KVH=geo["KVH"], S=geo["S"], tile=op.attr("tile"),
         grid=op.attr("grid"), threads=threads, max_batch=mb, max_splits=MAX_SPLITS,
-        wmax=WAVES, c0=UNIT_OVERHEAD,
+        wmax=WAVES, c0=UNIT_OVERHEAD, warps=op.attr("warps"),
         scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),
         inv_freq=", ".join(cnames.f32_literal(float(f)) for f in freq),
         norm=len(op.operands) == 8, eps=repr(float(op.attr("eps"))),
@@ -105,7 +109,8 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
         timeout_ns=COUNTER_TIMEOUT_NS) + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=op.attr("grid"),
                         cluster=1, threads=threads, smem_bytes=geo["smem"], params=tuple(params),
-                        workspace_floats=slots(mb, geo["KVH"], op.attr("grid")) *
+                        workspace_floats=slots(mb, geo["KVH"],
+                                               op.attr("grid") * max(1, op.attr("warps"))) *
                         geo["G"] * (geo["D"] + 2),
                         counters=2 * mb * geo["KVH"] + 1, resident=True,
                         persistent_units=op.attr("grid"), pdl=True)

@@ -114,11 +114,12 @@ def _v2_default(module, args) -> str:
     found = {n: v2_default_pipeline(module[n], args.max_batch) for n in names}
     if len(set(found.values())) > 1:
         from fusionc.errors import PassError
-        lib = sorted(n for n, p in found.items() if p.endswith("lower-library"))
-        fused = sorted(n for n in found if n not in lib)
+        groups = {}
+        for n, p in found.items():
+            groups.setdefault(p, []).append(n)
+        text = "; ".join(f"{', '.join(sorted(ns))}: {p}" for p, ns in groups.items())
         raise PassError(f"the graphs' lowering-v2 defaults differ at --max-batch "
-                        f"{args.max_batch}: fused kernels for {', '.join(fused)}, the library "
-                        f"path for {', '.join(lib)}", op="ir",
+                        f"{args.max_batch} ({text})", op="ir",
                         valid="one of them with --graph NAME, or a pipeline with --passes")
     return found.popitem()[1] if found else v2_pipeline(args.max_batch)
 
