@@ -58,7 +58,7 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     runs = bool(left) and all(op.name in HOST_ROWWISE for op in left)
     path = H200.v2_path(rows)
     if any(op.name == "decode_attention" for op in g.body):   # no library attention
-        if top is None or rows > top or left or path == "library":
+        if _mixed_rows(rows, top) or left:
             bad = _not_mixed(g)
             if bad is None:
                 return mixed_pipeline(rows)
@@ -120,7 +120,6 @@ def _v2_decode(g: Graph, max_batch: int) -> bool:
     128 on tensor cores) or the mixed path (:func:`mixed`) past the bucket or where the cost
     table measured the library path faster (33 rows and more on an H200): the same choice as
     :func:`v2_default_pipeline`'s."""
-    from fusionc.cost.h200 import H200
     from fusionc.lower.attention_v2 import covers
     from fusionc.lower.linear_v2 import fused_rows
     from fusionc.lower.match_v2 import unfused_ops
@@ -131,7 +130,15 @@ def _v2_decode(g: Graph, max_batch: int) -> bool:
     top, rows = fused_rows(g), _rows(g, max_batch)
     if top is not None and rows <= top and not unfused_ops(g):
         return True
-    return (top is None or rows > top or H200.v2_path(rows) == "library") and mixed(g)
+    return _mixed_rows(rows, top) and mixed(g)
+
+
+def _mixed_rows(rows: int, top: int | None) -> bool:
+    """Whether an attention graph of ``rows`` rows takes the mixed path when the host can run
+    the rest: past the fused bucket ``top`` (None: a linear no fused kernel takes), or where
+    the cost table measured the library path faster (33 rows and more on an H200)."""
+    from fusionc.cost.h200 import H200
+    return top is None or rows > top or H200.v2_path(rows) == "library"
 
 
 def mixed(g: Graph) -> bool:

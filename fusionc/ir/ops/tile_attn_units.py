@@ -211,8 +211,8 @@ def _simulate(op, args, cta):
     L, splits = split_plan(lens, kvh, slots_now, S, op.attr("tile"))
     first = np.concatenate([[0], np.cumsum(splits * kvh)])
     store = mem.__dict__.setdefault("attn_slots", {})
-    mine = [u for u in range(int(first[-1])) if (u % slots_now) // per_cta == cta.gid]
-    for u in mine:
+    for u in (u for w in range(per_cta)
+              for u in range(cta.gid * per_cta + w, int(first[-1]), slots_now)):
         b = int(np.searchsorted(first, u, side="right")) - 1
         h, c = divmod(u - int(first[b]), int(splits[b]))
         p = int(pos[b])
