@@ -12,8 +12,7 @@ the HBM floor. Run on the GPU machine:
 the twelve points of HEADLINE. ``--shard i/n`` runs every n-th point from the i-th.
 
 ``--lowering v2``: fusionc on design v2 (v2 linear kernels around attention units over every
-SM; issue 22); ``--compare-v1`` then also times lowering v1, ``--compare-warp-units`` the
-attention units of one warp each (column ``alt_us``).
+SM; issue 22); ``--compare-v1`` then also times lowering v1 (column ``alt_us``).
 
 Prints a Markdown table (last) for BENCHMARKS.md and writes a CSV to
 ``$OUT/attention_block[-shard{i}of{n}].csv`` when ``$OUT`` is set. Every variant rotates
@@ -143,10 +142,6 @@ def fusionc_attention(m, batch, kv, codegen=None, lowering=None):
     try:
         if lowering == "v2":
             return fusionc.compile(mod, max_batch=batch, lowering="v2", codegen=codegen)
-        if lowering == "v2-warp":   # the default v2 pipeline, attention units of one warp each
-            from fusionc.runtime.pipelines import warp_units_pipeline
-            return fusionc.compile(mod, max_batch=batch, lowering="v2", codegen=codegen,
-                                   pipeline=warp_units_pipeline(mod.graphs[0], batch))
         return fusionc.compile(mod, max_batch=batch, kv_len=kv, autotune=TUNE, codegen=codegen,
                                lowering=lowering)
     except fusionc.errors.FusionError as e:  # reported in the table
@@ -201,15 +196,12 @@ def compile_only(args):
 
 
 def _variants(args):
-    """(codegen options, lowering) of the fusionc column, then of alt_us if asked for
-    (``"v2-warp"``: lowering v2 with warp units)."""
+    """(codegen options, lowering) of the fusionc column, then of alt_us if asked for."""
     out = [(args.codegen, args.lowering)]
     if args.alt:
         out.append((args.alt, args.lowering))
     elif args.compare_v1:
         out.append((args.codegen, "v1"))
-    elif getattr(args, "compare_warp_units", False):
-        out.append((args.codegen, "v2-warp"))
     return out
 
 
@@ -218,9 +210,6 @@ def _extra(ap):
                     help="fusionc's lowering (default: fusionc.compile's choice)")
     ap.add_argument("--compare-v1", action="store_true",
                     help="with --lowering v2: also time lowering v1 (column alt_us)")
-    ap.add_argument("--compare-warp-units", action="store_true",
-                    help="with --lowering v2: also time attention units of one warp each "
-                         "(column alt_us)")
     ap.add_argument("--models", default=None, help="comma-separated names of MODELS")
     ap.add_argument("--kv", default=None, help="comma-separated KV lengths")
     ap.add_argument("--compile-mode", default=None,

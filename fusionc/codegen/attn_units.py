@@ -4,11 +4,11 @@
 Launch: min(the op's ``grid``, the CTAs resident at once: ``persistent_units``) CTAs of the
 kernel's threads (eight warps, four for head_dim > 128), no cluster; arguments: the kernel's tensors in parameter order, the symbolic
 dims, the partial slots (``fc_ws``: :func:`fusionc.ir.ops.tile_attn_units.slots` × G·(D + 2) floats) and
-per (row, KV head) an arrival counter of its units and one of its merge items (``fc_counters``,
-left zero by every launch), then the error word (a merge wait timed out:
-``LoadedKernel.errors()``). PDL (:mod:`fusionc.codegen.pdl`): every CTA waits for the previous
-kernel before it reads anything and lets the next one start once its units are done. The merge items wait on other CTAs' units: every launched CTA
-must be resident (``resident``).
+per (row, KV head) an arrival counter of its units (``fc_counters``, left zero by every
+launch: the last unit of a (row, head) merges and resets it), then the error word of the
+streamed kernels' interface (``LoadedKernel.errors()``; nothing here waits, so it stays 0).
+PDL (:mod:`fusionc.codegen.pdl`): every CTA waits for the previous kernel before it reads
+anything and lets the next one start once its units are done.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import numpy as np
 import fusionc
 from fusionc.codegen import cnames, libs
 from fusionc.codegen.render import render
-from fusionc.codegen.streamed import COUNTER_TIMEOUT_NS
 from fusionc.codegen.source import KernelSource
 from fusionc.errors import CompileError
 from fusionc.ir.nodes import Graph, Op
@@ -27,6 +26,7 @@ from fusionc.ir.ops.tile_attn_units import MAX_SPLITS, UNIT_OVERHEAD, WAVES, slo
 from fusionc.ir.printer import print_graph
 
 MAX_STAGES = 3    # cp.async stages per warp (2 at least)
+QREGS_MAX_D = 128   # q's mma A fragments stay in registers (4·D/16 per lane) up to this head_dim
 
 
 def attn_op(kernel: Graph) -> Op | None:
@@ -37,8 +37,8 @@ def attn_op(kernel: Graph) -> Op | None:
 def geometry(op: Op, threads: int, max_batch: int) -> dict:
     """G, D, H, KVH, S of the op, the cp.async stages per warp and the shared-memory bytes of
     the template's layout: the warps' rings ([W][stages][32 rows][D + 8]), the q rows
-    ([16][D + 8]), the new k and v, fp32 q/k/v, m/l, the plan's sums (2 · WAVES + W) and the unit
-    prefix."""
+    ([16][D + 8]), the new k and v, fp32 q/k/v, m/l, RoPE's cos and sin (D), the plan's sums
+    (2 · WAVES + W) and the unit prefix."""
     kc, o = op.operands[1].type, op.operands[5].type
     _, S, kvh, d = kc.shape
     heads = o.shape[1] // d
@@ -46,12 +46,8 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     warps = threads // 32
     step = 2 * 16 * (d + 8) * isz
     g = heads // kvh
-    if op.attr("warps"):   # per warp: q rows, new k and v, one fp32 vector
-        rest = warps * (16 * (d + 8) * isz + 2 * d * isz + 4 * d) + \
-            4 * (2 * g + 2 * WAVES + warps + max_batch + 2)
-    else:
-        rest = 16 * (d + 8) * isz + 2 * d * isz + \
-            4 * ((g + 2) * d + 2 * g + 2 * WAVES + warps + max_batch + 2)
+    rest = 16 * (d + 8) * isz + 2 * d * isz + \
+        4 * ((g + 3) * d + 2 * g + 2 * WAVES + warps + max_batch + 2)
     stages = min(MAX_STAGES, (SMEM_LIMIT - rest) // (warps * step))
     return dict(G=g, D=d, H=heads, KVH=kvh, S=S, stages=stages,
                 smem=warps * stages * step + rest)
@@ -99,20 +95,18 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
         params=[kp.decl for kp in params], T=cnames.ctype(op.operands[0].type.dtype),
         G=geo["G"], D=geo["D"], H=geo["H"], KVH=geo["KVH"], S=geo["S"], tile=op.attr("tile"),
         grid=op.attr("grid"), threads=threads, max_batch=mb, max_splits=MAX_SPLITS,
-        wmax=WAVES, c0=UNIT_OVERHEAD, warps=op.attr("warps"),
+        wmax=WAVES, c0=UNIT_OVERHEAD, qregs=geo["D"] <= QREGS_MAX_D,
         scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),
         inv_freq=", ".join(cnames.f32_literal(float(f)) for f in freq),
         norm=len(op.operands) == 8, eps=repr(float(op.attr("eps"))),
         qkv=names[0], k_cache=names[1], v_cache=names[2], pos=names[3], lens=names[4],
         o=names[5], q_norm=names[6] if len(names) > 6 else "",
-        k_norm=names[7] if len(names) > 7 else "", dim_B=_batch_dim(op),
-        timeout_ns=COUNTER_TIMEOUT_NS) + "\n"
+        k_norm=names[7] if len(names) > 7 else "", dim_B=_batch_dim(op)) + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=op.attr("grid"),
                         cluster=1, threads=threads, smem_bytes=geo["smem"], params=tuple(params),
-                        workspace_floats=slots(mb, geo["KVH"],
-                                               op.attr("grid") * max(1, op.attr("warps"))) *
+                        workspace_floats=slots(mb, geo["KVH"], op.attr("grid")) *
                         geo["G"] * (geo["D"] + 2),
-                        counters=2 * mb * geo["KVH"] + 1, resident=True,
+                        counters=mb * geo["KVH"] + 1, resident=True,
                         persistent_units=op.attr("grid"), pdl=True)
 
 

@@ -169,10 +169,9 @@ def grid() -> int:
     return H200.sms
 
 
-def lower_core(core: AttentionCore, name: str, max_batch: int,
-               warp_units: bool = False) -> Graph:
-    """The ``attn_units`` kernel of ``core`` (module docstring): CTA units, or with
-    ``warp_units`` units of one warp each (``warps`` = the CTA's warps, chunks of 64 tokens)."""
+def lower_core(core: AttentionCore, name: str, max_batch: int) -> Graph:
+    """The ``attn_units`` kernel of ``core`` (module docstring): units of one CTA each, its
+    warps sharing a unit's 16-token steps."""
     rows = core.qkv.type.shape[0]   # a static batch above the bucket sizes the counters
     max_batch = max(max_batch, rows) if isinstance(rows, int) else max_batch
     b = KernelBuilder(name, core.attention.loc)
@@ -184,9 +183,7 @@ def lower_core(core: AttentionCore, name: str, max_batch: int,
     b.output(vc)
     r = core.rope
     nt = threads(kc.type.shape[3])
-    warps = nt // 32 if warp_units else 0
-    tile = 4 * STEP if warp_units else STEP * nt // 32
-    b.op("attn_units", qkv, kc, vc, pos, lens, o, *norms, grid=grid(), warps=warps, tile=tile,
+    b.op("attn_units", qkv, kc, vc, pos, lens, o, *norms, grid=grid(), tile=STEP * nt // 32,
          scale=core.attention.attr("scale"), theta=r.attr("theta"), style=r.attr("style"),
          rotary_dim=r.attr("rotary_dim"), scaling=r.attr("scaling"), eps=core.eps,
          loc=core.attention.loc)

@@ -26,13 +26,12 @@ from fusionc.ir.registry import lookup
 from fusionc.passes.base import Pass, register_pass
 
 
-def core_kernel(core, name: str, made: set, max_batch: int,
-                warp_units: bool = False) -> tuple[Graph, Op]:
+def core_kernel(core, name: str, made: set, max_batch: int) -> tuple[Graph, Op]:
     """The attention-units kernel of ``core`` and the op launching it; ``made`` (the names
     computed so far) gains its results. LoweringError when the kernel would read a value that
     another kernel absorbed."""
     from fusionc.lower.attention_v2 import lower_core
-    k = lower_core(core, name, max_batch, warp_units)
+    k = lower_core(core, name, max_batch)
     ins = [v for v in k.params if v.name != core.out.name]   # o_flat is written only
     for v in ins:
         if v.name not in made:
@@ -62,7 +61,6 @@ class AttentionUnits(Pass):
 
     name = "attention-units"
     max_batch: int = 8
-    warp_units: bool = False   # units of one warp each (fusionc.ir.ops.tile_attn_units)
 
     def check_options(self) -> None:
         """PassError for a batch bucket < 1."""
@@ -84,7 +82,7 @@ class AttentionUnits(Pass):
             for i, op in enumerate(g.body):
                 if id(op) in cores:
                     k, launch = core_kernel(cores[id(op)], kernel_name(g, i, module), made,
-                                            self.max_batch, self.warp_units)
+                                            self.max_batch)
                     kernels.append(k)
                     body.append(launch)
                 elif id(op) not in absorbed:

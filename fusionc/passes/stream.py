@@ -96,7 +96,6 @@ class PartitionUnits(Pass):
     grid: int = 0
     chain: bool = True     # chained linears as phases of one kernel (match_v2.chains)
     rows: int = ROWS       # weight rows per tile (or WIDE_ROWS: tensor cores)
-    warp_units: bool = False   # attention units of one warp each (tile_attn_units)
 
     def check_options(self) -> None:
         """PassError for a batch bucket < 1, a negative grid (0: one CTA per SM) or tiles of
@@ -140,7 +139,7 @@ class PartitionUnits(Pass):
                                 op=self.name, loc=op.loc, valid="partition-units once, on graph IR")
             if id(op) in cores:
                 k, launch = core_kernel(cores[id(op)], kernel_name(g, i, module), made,
-                                        self.max_batch, self.warp_units)
+                                        self.max_batch)
                 kernels.append(k)
                 body.append(launch)
                 continue

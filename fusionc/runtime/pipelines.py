@@ -161,15 +161,6 @@ def _not_mixed(g: Graph):
     return None
 
 
-def warp_units_pipeline(g: Graph, max_batch: int) -> str:
-    """:func:`v2_default_pipeline` with attention units of one warp each (``warp_units=true``:
-    the A/B variant of ``benchmarks/attention_block.py --compare-warp-units``)."""
-    pipe = v2_default_pipeline(g, max_batch)
-    for name in ("partition-units{", "attention-units{"):
-        pipe = pipe.replace(name, name + "warp_units=true, ")
-    return pipe
-
-
 def mixed_pipeline(max_batch: int) -> str:
     """The mixed path: views folded, the attention cores as ``attn_units`` kernels
     (``attention-units``), the linears as cuBLAS GEMMs and the rest as CuPy kernels

@@ -4,9 +4,8 @@ over every SM. Each case against the float64 interpreter and the simulator on fr
 inputs (NaN in the caches past each row's length, the output poisoned), with MHA, GQA 4:1 and
 8:1, one KV head, Qwen3's QK-norm, GPT-J RoPE with a partial rotary dim, Llama 3.1 scaling,
 head_dim 64 / 80 / 96 / 128 / 256, rows of length 0, 1, a chunk ± 1 and long rows, batch 1-64
-(batch 256: test_attention_v2_edges_gpu);
-each also with attention units of one warp each (``warp_units``); then 50 CUDA-graph replays
-with lengths that grow each step."""
+(batch 256: test_attention_v2_edges_gpu); then 50 CUDA-graph replays with lengths that grow
+each step."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
 import numpy as np
 import pytest
@@ -56,19 +55,13 @@ def _module(case):
     return attention_block(eps=1e-5, theta=theta, dtype=dtype, **sizes)
 
 
-def compiled(case, warp_units=False):
-    m = _module(case)
-    if not warp_units:
-        return fc.compile(m, max_batch=case[4], lowering="v2")
-    from fusionc.runtime.pipelines import warp_units_pipeline
-    return fc.compile(m, max_batch=case[4], lowering="v2",
-                      pipeline=warp_units_pipeline(m.graphs[0], case[4]))
+def compiled(case):
+    return fc.compile(_module(case), max_batch=case[4], lowering="v2")
 
 
 def precompile():
     for case in CASES:
         compiled(case)
-        compiled(case, warp_units=True)
     compiled(REPLAY)
 
 
@@ -89,12 +82,11 @@ def _call(fn, g, args):
     return [download(a, v.type.dtype) for a, v in zip(outs, g.outputs)]
 
 
-@pytest.mark.parametrize("warp_units", [False, True], ids=["cta-units", "warp-units"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_attention_v2_against_float64(case, warp_units):
+def test_attention_v2_against_float64(case):
     m = _module(case)
     g = m.graphs[0]
-    fn = compiled(case, warp_units)
+    fn = compiled(case)
     rng = np.random.default_rng()
     lens = _lens(case, rng)
     args = random_inputs(g, len(lens), lens, rng)
@@ -104,7 +96,7 @@ def test_attention_v2_against_float64(case, warp_units):
     e_ref = max(rel_err(a, r) for a, r in zip(got, ref))
     e_sim = max(rel_err(a, s) for a, s in zip(got, sim))
     loaded = list(fn._loaded.values())
-    record("attention v2", case[0] + (" warp" if warp_units else ""),
+    record("attention v2", case[0],
            f"vs f64 {e_ref:.1e}, vs sim {e_sim:.1e}, {len(loaded)} kernels")
     assert all(np.isfinite(a[np.isfinite(r)]).all() for a, r in zip(got, ref))
     assert e_ref <= 1e-2 and e_sim <= 2e-3

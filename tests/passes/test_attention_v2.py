@@ -159,8 +159,10 @@ def test_attention_units_compile_without_spills(dtype, kw):
     assert ck.spills == 0, ck.report()
     src = ck.source
     assert src.blocks == 132 and src.smem_bytes <= 232448 and src.pdl
-    assert src.counters == 2 * 16 * kw["kv_heads"] + 1 and src.resident   # + the error word
-    assert src.persistent_units == 132 and "u += grid" in src.source and "fc_counter_wait<false>(cnt" in src.source
+    assert src.counters == 16 * kw["kv_heads"] + 1 and src.resident   # + the error word
+    assert src.persistent_units == 132 and "u += grid" in src.source
+    assert "fc_counter_arrive(cnt) == static_cast<unsigned>(splits - 1)" in src.source   # last merges
+    assert "fc_counter_wait<" not in src.source   # nothing waits
 
 
 def test_split_plan_leaves_no_chunk_empty_after_rounding():
@@ -301,46 +303,3 @@ def test_a_bucket_too_big_for_the_unit_prefix_is_named():
     k = next(g for g in low.graphs if g.kind == "kernel")
     with pytest.raises(CompileError, match="a bucket of 60000 rows"):
         compile_kernel(k)
-
-
-WARP = "fold-views,partition-units{max_batch=8, warp_units=true},stream-plan,insert-barriers," \
-       "smem-plan"
-
-
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(CONFIGS, st.integers(0, 2**31 - 1))
-def test_warp_units_simulate_as_the_graph(cfg, seed):
-    """Units of one warp each (``warp_units``): the split plan over grid x warps slots, every
-    warp alone on its unit; the same results as the graph."""
-    heads, kvh = cfg["heads_kv"]
-    m = block(cfg["dtype"], heads=heads, kv_heads=kvh, head_dim=cfg["head_dim"],
-              hidden=64, max_seq=150, qk_norm=cfg["qk_norm"])
-    low = run_pipeline(m, WARP)
-    op = next(o for g in low.graphs if g.kind == "kernel" for o in g.body
-              if o.name == "attn_units")
-    assert op.attr("warps") == 8 and op.attr("tile") == 64
-    rng = np.random.default_rng(seed)
-    lens = cfg["lens"]
-    args = inputs(m.graphs[0], len(lens), lens, rng)
-    for a, r in zip(simulate(low, args), interpret(m, args)):
-        assert rel_err(a, r) <= TOL[cfg["dtype"]]
-
-
-@pytest.mark.parametrize("kw", [dict(head_dim=128, heads=32, kv_heads=8, qk_norm=True),
-                                dict(head_dim=64, heads=8, kv_heads=2),
-                                dict(head_dim=256, heads=4, kv_heads=2)])
-def test_warp_units_compile_without_spills(kw):
-    from fusionc.codegen import compile_kernel
-    low = run_pipeline(block("bf16", **kw), WARP.replace("max_batch=8", "max_batch=16"))
-    k = next(g for g in low.graphs if g.kind == "kernel" and g.body[0].name == "attn_units")
-    ck = compile_kernel(k)
-    assert ck.spills == 0 and ck.source.smem_bytes <= 232448, ck.report()
-    assert "w_qt" in ck.source.source and ck.source.workspace_floats > 0
-
-
-def test_warps_other_than_the_ctas_are_a_verify_error():
-    from fusionc.errors import VerifyError
-    from fusionc.ir import parse_module
-    text = print_module(run_pipeline(block(), WARP)).replace("warps = 8", "warps = 3")
-    with pytest.raises(VerifyError, match="warps = 3"):
-        parse_module(text)

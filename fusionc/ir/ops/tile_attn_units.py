@@ -2,7 +2,7 @@
 SM, whatever the head counts (issue 22).
 
 ``attn_units(%qkv, %k_cache, %v_cache, %positions, %seq_lens, %o, %q_norm?, %k_norm?)
-{grid, warps, scale, theta, style, rotary_dim, scaling, eps, tile}``
+{grid, scale, theta, style, rotary_dim, scaling, eps, tile}``
     ``qkv: [B, (H + 2·KV)·D]`` is a QKV projection's output (q heads, then k, then v);
     ``caches [B, S, KV, D]``; ``o: [B, H·D]`` is written. For every batch row b and KV head h
     it computes, as the graph ops ``split``, ``reshape``, (``rms_norm`` over head_dim with
@@ -19,21 +19,21 @@ SM, whatever the head counts (issue 22).
 
     **Work units** (:func:`split_plan`, computed on the device from ``seq_lens`` by every CTA,
     never by the host): each (b, h) is cut into ``splits[b]`` equal chunks of L_b tokens, L_b a
-    multiple of ``tile``, so that the units number about the slots (``grid`` CTAs, or
-    ``grid · warps`` warps): unit (b, h, c) takes tokens [c·L_b, min(n, (c+1)·L_b)). With
-    ``warps = 0`` CTA i takes units i, i + grid, ... and its warps share each unit's steps;
-    with ``warps = W`` warp w of CTA i takes units i·W + w, then every grid·W-th, alone (no
-    CTA barrier between units). The chunk 0 unit of (b, h) does the append. A unit's partial (m, l, o) (online softmax,
-    Milakov & Gimelshein 2018; split-KV as Flash-Decoding, Dao et al. 2023) goes to a global
-    slot and counts itself on the (b, h) arrival counter. Then the CTAs take merge items
-    (b, h, slice of the G·D outputs) in the same strided order; an item waits (GPU-scope
-    acquire, bounded) until its (b, h) units are all counted and merges the slots in chunk
-    order, so the result does not depend on the order units finish in; the last item of
-    (b, h) sets the counters back to zero (CUDA-graph replays need no host reset). One chunk:
-    written directly. ``grid`` is the most CTAs (the slots are sized for it); a launch holds
-    min(grid, the CTAs resident at once) and strides by its own CTA count. Units never wait
-    and every launched CTA is resident, so no wait cycle exists; a merge wait that still times
-    out (another kernel holds SMs) sets the kernel's error word instead of hanging.
+    multiple of ``tile``, so that the units number about the ``grid`` CTAs: unit (b, c, h),
+    numbered in that order (a chunk's KV heads side by side), takes tokens
+    [c·L_b, min(n, (c+1)·L_b)). CTA i takes units i, i + grid, ...; its warps share each
+    unit's 16-token steps. The chunk 0 unit of (b, h) does the append. A unit's partial
+    (m, l, o) (online softmax, Milakov & Gimelshein 2018; split-KV as Flash-Decoding, Dao et
+    al. 2023) goes to a global slot, then (release) the unit counts itself on the (b, h)
+    arrival counter; the unit that counts last (acquire) merges the slots in chunk order, so
+    the result does not depend on the order units finish in, and sets the counter back to zero
+    (CUDA-graph replays need no host reset): the split-K "last CTA reduces" of the CUDA
+    threadFenceReduction sample. One chunk: written directly. Nothing waits (the launch still
+    takes at most the resident CTAs: a persistent grid). ``grid`` is the most CTAs (the slots are sized for it); a launch
+    holds min(grid, the CTAs resident at once) and strides by its own CTA count. That one CTA
+    reads all of a row's slots (splits · G · (D + 2) floats: 528 KB at G·D = 2048 and 64
+    chunks), measured 1.8× slower than merge items spread over the CTAs at such rows
+    (BENCHMARKS.md, issue 22 step 3).
 """
 from __future__ import annotations
 
@@ -45,12 +45,12 @@ from fusionc.interp.numerics import round_to
 from fusionc.ir.ops.norm import rms_norm_values
 from fusionc.ir.ops.rope import rope_values
 from fusionc.ir.ops.tile_memory import K, param_of
-from fusionc.ir.registry import (FLOAT, FLOATS, NONNEG_INT, POS_INT, Cost, OpDef, attr, enum,
+from fusionc.ir.registry import (FLOAT, FLOATS, POS_INT, Cost, OpDef, attr, enum,
                                  fail, register)
 from fusionc.ir.types import FLOAT_DTYPES, DType
 
 TILE = 128   # tokens per chunk step: chunk lengths are multiples of it
-MAX_SPLITS = 64   # chunks of one (b, h) at most: a merge item reads them all
+MAX_SPLITS = 64   # chunks of one (b, h) at most: the merging unit reads them all
 WAVES = 8         # unit sizes tried by the split plan: T / (grid · w) tiles, w = 1 .. WAVES
 UNIT_OVERHEAD = 1   # a unit's fixed cost in tiles (ring fill, q staging, partial write)
 
@@ -161,16 +161,12 @@ def _infer(op):
 
 
 def _verify(op, graph, module):
-    """Every tensor is a kernel parameter; ``grid`` is the kernel's CTAs; ``warps`` 0 or the
-    CTA's warps."""
+    """Every tensor is a kernel parameter; ``grid`` is the kernel's CTAs."""
     for v in op.operands:
         param_of(op, graph, v, "attn_units operands")
     if graph is not None and op.attr("grid") != graph.attr("grid") * graph.attr("cluster"):
         fail(op, f"grid = {op.attr('grid')} on {graph.attr('grid')} x "
              f"{graph.attr('cluster')} CTAs", "grid = the kernel's CTAs")
-    if graph is not None and op.attr("warps") not in (0, graph.attr("threads") // 32):
-        fail(op, f"warps = {op.attr('warps')} in CTAs of {graph.attr('threads')} threads",
-             "0 (CTA units) or the CTA's warps (warp units)")
 
 
 def head_vectors(op, qkv_row: np.ndarray, pos: int, h: int, norms) -> tuple:
@@ -199,22 +195,19 @@ def _rope(op, x, pos, dt):
 
 
 def _simulate(op, args, cta):
-    """This CTA's units (CTA units: ``gid``, ``gid + grid``, ...; warp units: ``gid · W + w``,
-    then every ``grid · W``-th); partials in ``memory.attn_slots``,
+    """This CTA's units ``gid``, ``gid + grid``, ...; partials in ``memory.attn_slots``,
     merged by the last unit of each (b, h), in chunk order."""
     mem = cta.memory
     qkv, pos, lens, *norms = (mem.read(v.name, (Ellipsis,), cta, op)
                               for v in op.operands[:1] + op.operands[3:5] + op.operands[6:])
     _, kc, o, kvh, d = _shapes(op)
-    S, per_cta = kc.shape[1], max(1, op.attr("warps"))
-    slots_now = op.attr("grid") * per_cta   # units at once: CTAs, or their warps
-    L, splits = split_plan(lens, kvh, slots_now, S, op.attr("tile"))
+    S, grid = kc.shape[1], op.attr("grid")
+    L, splits = split_plan(lens, kvh, grid, S, op.attr("tile"))
     first = np.concatenate([[0], np.cumsum(splits * kvh)])
     store = mem.__dict__.setdefault("attn_slots", {})
-    for u in (u for w in range(per_cta)
-              for u in range(cta.gid * per_cta + w, int(first[-1]), slots_now)):
+    for u in range(cta.gid, int(first[-1]), grid):
         b = int(np.searchsorted(first, u, side="right")) - 1
-        h, c = divmod(u - int(first[b]), int(splits[b]))
+        c, h = divmod(u - int(first[b]), kvh)   # (b, c, h): a chunk's heads side by side
         p = int(pos[b])
         q, kn, vn = head_vectors(op, qkv[b], p, h, norms)
         names = [v.name for v in op.operands[1:3]]
@@ -280,7 +273,6 @@ register(OpDef(
     "attn_units", __doc__,
     ("qkv", "k_cache", "v_cache", "positions", "seq_lens", "o", "q_norm?", "k_norm?"),
     (attr("grid", POS_INT, doc="CTAs of the launch: the work units' stride"),
-     attr("warps", NONNEG_INT, 0, doc="0: CTA units; W: units of one warp each, W a CTA"),
      attr("scale", FLOAT), attr("theta", FLOAT),
      attr("style", enum("neox", "gptj"), "neox"), attr("rotary_dim", POS_INT),
      attr("scaling", FLOATS, ()), attr("eps", FLOAT, 1e-6, doc="QK-norm epsilon"),
