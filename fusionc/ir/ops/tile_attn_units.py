@@ -29,9 +29,9 @@ SM, whatever the head counts (issue 22).
     the result does not depend on the order units finish in, and sets the counter back to zero
     (CUDA-graph replays need no host reset): the split-K "last CTA reduces" of the CUDA
     threadFenceReduction sample. One chunk: written directly. Nothing waits (the launch still
-    takes at most the resident CTAs: a persistent grid). ``grid`` is the most CTAs (the slots are sized for it); a launch
-    holds min(grid, the CTAs resident at once) and strides by its own CTA count. That one CTA
-    reads all of a row's slots (splits · G · (D + 2) floats: 528 KB at G·D = 2048 and 64
+    takes at most the resident CTAs: a persistent grid). ``grid`` is the most CTAs (the slots
+    are sized for it); a launch holds min(grid, the CTAs resident at once) and strides by its
+    own CTA count. The merging CTA reads all of a row's slots (splits · G · (D + 2) floats: 528 KB at G·D = 2048 and 64
     chunks), measured 1.8× slower than merge items spread over the CTAs at such rows
     (BENCHMARKS.md, issue 22 step 3).
 """
