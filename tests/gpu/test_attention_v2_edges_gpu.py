@@ -1,9 +1,10 @@
 """Edges of the attention units (issue 22) on the GPU: tokens that dominate the softmax at chunk
 edges and at the appended position (a token skipped or read twice by the split shows at once),
 16 query heads per KV head, out-of-range positions and lengths (no fault; the other rows
-unaffected), an empty batch, a launch on fewer CTAs than compiled for, and the mixed path past
-the fused linears' bucket (GEMMs around the units, 256 rows). Against the float64 interpreter
-and the simulator, outputs poisoned."""
+unaffected), an empty batch, a launch on fewer CTAs than compiled for, the mixed path past
+the fused linears' bucket (GEMMs around the units, 256 rows), and rows of 131072 tokens whose
+cache elements lie past 2^31 (64-bit offsets). Against the float64 interpreter and the
+simulator, outputs poisoned."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from fusionc.interp import interpret
 from fusionc.ir.ops.tile_attn_units import split_plan
 from fusionc.lower.attention_v2 import grid
 from fusionc.models.blocks import attention_block
+from fusionc.runtime.transfer import upload
 from fusionc.sim import simulate
 from tests.gpu.common import record
 from tests.gpu.test_attention_v2_gpu import _call
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.gpu
 G16 = dict(hidden=256, heads=16, kv_heads=1, head_dim=128, max_seq=40000)
 EDGE = dict(hidden=256, heads=8, kv_heads=2, head_dim=64, max_seq=1024)
 MIXED = dict(hidden=256, heads=8, kv_heads=2, head_dim=64, max_seq=512)
+LONG = dict(hidden=256, heads=32, kv_heads=8, head_dim=128, max_seq=131072)   # 4.6 GB a cache
 
 
 def _fn(sizes, max_batch, dtype="bf16"):
@@ -34,6 +37,7 @@ def precompile():
     _fn(G16, 2)
     _fn(EDGE, 4, "f16")
     _fn(MIXED, 256, "f16")
+    _fn(LONG, 17, "f16")
 
 
 def _units(fn):
@@ -120,3 +124,53 @@ def test_mixed_path_at_256_rows():
     record("attention v2 edges", "mixed 256 rows", f"{names}, vs f64 {e:.1e}")
     assert "library_call" in names and "launch" in names and e <= 1e-2
     assert int(_units(fn).counters.sum()) == 0
+
+
+def test_rows_of_131072_tokens_past_32_bit_offsets():
+    """17 rows of a 131072-token cache of 8 KV heads x 128: row 16 starts at element
+    16 * 131072 * 1024 = 2^31 (64-bit offsets in the copies and the append). Rows of 131072
+    (the cache full) and 131071 tokens and a short row, each against the float64 interpreter
+    on its own (the caches in float64 would take 37 GB); the others must be finite. The caches
+    are filled on the GPU, NaN past each length."""
+    import cupy
+    m, fn = _fn(LONG, 17, "f16")
+    g = m.graphs[0]
+    B, S = 17, LONG["max_seq"]
+    rng = np.random.default_rng()
+    lens = [int(n) for n in rng.integers(1, 65, B)]
+    lens[-2:] = [S - 1, S]
+    small = attention_block(eps=1e-5, theta=1e4, dtype="f16", **dict(LONG, max_seq=16))
+    args = {k: v for k, v in random_inputs(small.graphs[0], B, [1] * B, rng).items()
+            if "cache" not in k}
+    args["seq_lens"] = np.array(lens, np.int32)
+    args["positions"] = np.array(lens, np.int32) - 1
+    dev = {p.name: upload(args[p.name], p.type.dtype) for p in g.params if p.name in args}
+    caches = []
+    for _ in range(2):
+        c = cupy.empty((B, S, LONG["kv_heads"], LONG["head_dim"]), cupy.float16)
+        for b in range(B):
+            c[b] = cupy.random.standard_normal(c.shape[1:], dtype=cupy.float32)
+            c[b, lens[b]:] = cupy.nan   # never read (the append fills position lens - 1)
+        caches.append(c)
+    dev["k_cache"], dev["v_cache"] = caches
+    rows = [0, B - 2, B - 1]
+    before = {b: [c[b].get() for c in caches] for b in rows}
+    y = cupy.empty((B, LONG["hidden"]), cupy.float16)
+    y.fill(np.float16(np.nan))   # poisoned: every element must be written
+    outs = fn(**dev, outputs={g.outputs[0].name: y})
+    cupy.cuda.get_current_stream().synchronize()
+    got = cupy.asnumpy(outs[0]).astype(np.float64)
+    assert np.isfinite(got).all() and _units(fn).errors() == 0
+    errs = []
+    for b in rows:
+        one = {k: (v[b:b + 1] if k in ("x", "positions", "seq_lens") else v)
+               for k, v in args.items()}
+        one["k_cache"], one["v_cache"] = (x[None].astype(np.float64) for x in before[b])
+        ref = interpret(m, one, precise=True)
+        errs.append(rel_err(got[b:b + 1], ref[0]))
+        p = lens[b] - 1   # the appended k at its (64-bit) offset
+        k_new = cupy.asnumpy(outs[1][b, p]).astype(np.float64)
+        assert rel_err(k_new, ref[1][0, p]) <= 1e-2
+    record("attention v2 edges", "131072 tokens",
+           "rows 0, 15, 16 vs f64 " + ", ".join(f"{e:.1e}" for e in errs))
+    assert max(errs) <= 1e-2

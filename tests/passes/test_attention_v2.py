@@ -110,6 +110,20 @@ def test_simulate_lowered_attention_matches_interpret(cfg, seed):
         assert rel_err(a, r) <= TOL[cfg["dtype"]]   # few of 64 outputs is ~1 unit roundoff
 
 
+def test_rows_of_131072_tokens_in_the_simulator():
+    """The issue's longest rows: a full 131072-token cache (the 64-chunk clamp, chunks of 2048
+    tokens) and one token short of it, beside a one-token row."""
+    m = block("f16", heads=2, kv_heads=1, head_dim=16, hidden=64, max_seq=131072)
+    lens = [131072, 131071, 1]
+    L, splits = split_plan(lens, 1, 132, 131072)
+    assert splits.tolist()[:2] == [64, 64] and int(L[0]) == 2048
+    args = inputs(m.graphs[0], 3, lens, np.random.default_rng(11))
+    ref = interpret(m, args)
+    out = simulate(run_pipeline(m, v2_pipeline(4)), args)
+    for a, r in zip(out, ref):
+        assert rel_err(a, r) <= TOL["f16"]
+
+
 def test_gptj_partial_rotary_and_llama31_scaling_in_the_simulator():
     g = tiny(style="gptj", rotary_dim=16, scaling=[8, 1, 4, 64])
     rng = np.random.default_rng(3)
