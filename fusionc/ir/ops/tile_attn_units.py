@@ -31,9 +31,9 @@ SM, whatever the head counts (issue 22).
     threadFenceReduction sample. One chunk: written directly. Nothing waits (the launch still
     takes at most the resident CTAs: a persistent grid). ``grid`` is the most CTAs (the slots
     are sized for it); a launch holds min(grid, the CTAs resident at once) and strides by its
-    own CTA count. The merging CTA reads all of a row's slots (splits · G · (D + 2) floats: 528 KB at G·D = 2048 and 64
-    chunks), measured 1.8× slower than merge items spread over the CTAs at such rows
-    (BENCHMARKS.md, issue 22 step 3).
+    own CTA count. The merging CTA reads all of a row's slots (splits · G · (D + 2) floats:
+    528 KB at G·D = 2048 and 64 chunks), measured 1.8× slower than merge items spread over the
+    CTAs at such rows (BENCHMARKS.md, issue 22 step 3).
 """
 from __future__ import annotations
 
@@ -66,9 +66,9 @@ def split_plan(lens, kv_heads: int, grid: int, max_seq: int, tile: int = TILE):
     balance over the CTAs), then splits_b = max(1, ⌈t_b / c_b⌉) ≤ s_b so that no chunk is empty
     (t = 130, s = 64 gives chunks of 3 tiles: 44 of them). Of w = 1 .. WAVES, the plan takes
     the least ⌈U_w / grid⌉ · (max_b c_b + UNIT_OVERHEAD), U_w = kv_heads · Σ splits_b units (the
-    first on ties): more
-    waves of smaller units where whole rows leave the last wave nearly empty (40 MHA heads × 4
-    rows = 160 units on 132 CTAs: 5 waves of 640 quarter-rows, not 2 of 160). The units
+    first on ties): more waves of smaller units where whole rows leave the last wave nearly
+    empty (40 MHA heads × 4 rows = 160 units on 132 CTAs: 5 waves of 640 quarter-rows, not 2
+    of 160). The units
     number at most grid · WAVES + B · kv_heads (:func:`slots`). The CUDA code
     (``templates/attn_plan.cu.j2``) computes the same numbers with ``grid`` its launch's CTAs
     (fewer than the op's when the GPU holds fewer: the chunks then differ from the
