@@ -4,9 +4,10 @@
 Launch: min(the op's ``grid``, the CTAs resident at once: ``persistent_units``) CTAs of the
 kernel's threads (eight warps, four for head_dim > 128), no cluster; arguments: the kernel's
 tensors in parameter order, the symbolic dims, the partial slots (``fc_ws``:
-:func:`fusionc.ir.ops.tile_attn_units.slots` × G·(D + 2) floats) and per (row, KV head) an arrival counter of its units (``fc_counters``, left zero by every
-launch: the last unit of a (row, head) merges and resets it), then the error word of the
-streamed kernels' interface (``LoadedKernel.errors()``; nothing here waits, so it stays 0).
+:func:`fusionc.ir.ops.tile_attn_units.slots` × G·(D + 2) floats) and per (row, KV head) an
+arrival counter of its units (``fc_counters``, left zero by every launch: the last unit of a
+(row, head) merges and resets it), then the error word of the streamed kernels' interface
+(``LoadedKernel.errors()``; nothing here waits, so it stays 0).
 PDL (:mod:`fusionc.codegen.pdl`): every CTA waits for the previous kernel before it reads
 anything and lets the next one start once its units are done.
 """
