@@ -1,18 +1,23 @@
 """Benchmark: one decode step of a whole model (embedding, every layer, final norm, LM head),
-random weights — fusionc (one CUDA graph of its fused kernels, with programmatic dependent
-launch between them; ``nopdl_ms`` without it, same run, and whether both give the same logits
-bits) vs PyTorch eager and
-torch.compile of the same model, each captured in a CUDA graph, vs the HBM floor (all weights
-plus the valid KV read once, over the copy bandwidth measured in the same run):
+random weights — fusionc (one CUDA graph of its fused kernels and its step's ends, replayed)
+vs PyTorch eager and torch.compile of the same model on its own fast cache layout
+(transformers' ``[B, kv_heads, max_seq, head_dim]``), each captured in a CUDA graph, vs the HBM
+floor (every layer weight and the LM head read once, the batch's embedding rows, and the
+valid KV read once, over the copy bandwidth measured in the same run):
 
-    python3 benchmarks/decode.py [--model Llama-2-7B] [--batch 1] [--kv 1024] [--tune]
-    python3 benchmarks/decode.py --compile-only [--tune]     # fill the cubin cache, no GPU
+    python3 benchmarks/decode.py [--model Llama-3-8B] [--batch 1,16] [--kv 1024]
+                                 [--shard i/n] [--max-autotune] [--pdl] [--tune]
+    python3 benchmarks/decode.py --compile-only [--shard i/n]   # fill the cubin cache, no GPU
 
-The weights (13–16 GB) are far larger than L2, so no buffer rotation is needed. torch.compile
-uses its default mode (``--max-autotune`` for mode="max-autotune-no-cudagraphs"; that
-autotuning takes minutes per shape). Every point records fusionc's logits error against
-eager's (``err``; the GPU model tests assert correctness). Llama-2-7B's real context is 4096;
-its KV 8192 points (the issue's grid) run with max_position raised to 8192.
+Models (issue 24): Llama-2-7B (MHA), Llama-3-8B (GQA 32/8), Qwen3-4B (QK-norm, heads ×
+head_dim ≠ hidden, tied embeddings) and Llama-3.2-3B (llama3 RoPE scaling, tied embeddings);
+batch 1, 4, 16, 64, 256 × KV 1K, 8K, skipping points whose weights and KV caches do not fit
+(:func:`fits`). ``--shard i/n`` runs every n-th point from the i-th; ``$OUT/decode[-shard…].csv``
+when ``$OUT`` is set. torch.compile uses its default mode; ``--max-autotune`` adds
+mode="max-autotune-no-cudagraphs" (minutes of autotuning per shape). ``--pdl`` also times
+fusionc with programmatic dependent launch between its kernels. The weights (6–16 GB) are far
+larger than L2, so no buffer rotation is needed. ``err``: fusionc's logits against eager's
+(the GPU model tests assert correctness against transformers).
 """
 from __future__ import annotations
 
@@ -30,10 +35,46 @@ MODELS = {
                               max_position=8192, dtype="f16"),
     "Llama-3-8B": ModelConfig("llama", 32, 4096, 32, 8, 128, 14336, 128256, 1e-5, 500000.0,
                               max_position=8192, dtype="bf16"),
+    "Qwen3-4B": ModelConfig("qwen3", 36, 2560, 32, 8, 128, 9728, 151936, 1e-6, 1000000.0,
+                            tie_embeddings=True, max_position=40960, dtype="bf16"),
+    "Llama-3.2-3B": ModelConfig("llama", 28, 3072, 24, 8, 128, 8192, 128256, 1e-5, 500000.0,
+                                rope_scaling=(32.0, 1.0, 4.0, 8192.0), tie_embeddings=True,
+                                max_position=131072, dtype="bf16"),
 }
+BATCHES, KVS = (1, 4, 16, 64, 256), (1024, 8192)
+GPU_BYTES = 110 << 30   # of an H200's 141 GB: weights + one set of KV caches, the rest spare
+COLS = ["model", "batch", "kv", "fusionc_ms", "pdl_ms", "eager_ms", "compile_ms", "autotune_ms",
+        "floor_ms", "x_floor", "vs_compile", "vs_eager", "err"]
 
 
-def decoder(cfg, batch: int, kv: int, tune: bool = False, pdl: bool = True):
+def kv_bytes(cfg: ModelConfig, batch: int, kv: int) -> int:
+    """K and V caches of every layer for ``batch`` rows of capacity ``kv``."""
+    return 2 * cfg.layers * batch * kv * cfg.kv_heads * cfg.head_dim * 2
+
+
+def floor_bytes(cfg: ModelConfig, batch: int, kv: int) -> int:
+    """What one step must move: the weights without the embedding table (only the batch's rows
+    of it are read; a tied table is read once, as the LM head), and the valid KV once."""
+    item = 2
+    table = 0 if cfg.tie_embeddings else cfg.vocab * cfg.hidden * item
+    return cfg.weight_bytes() - table + batch * cfg.hidden * item + kv_bytes(cfg, batch, kv)
+
+
+def fits(cfg: ModelConfig, batch: int, kv: int) -> bool:
+    """Whether the weights and one set of KV caches fit in :data:`GPU_BYTES` (fusionc's and
+    PyTorch's caches are never held at once)."""
+    return cfg.weight_bytes() + kv_bytes(cfg, batch, kv) <= GPU_BYTES
+
+
+def points(args) -> list[tuple[str, int, int]]:
+    """(model, batch, kv) in a fixed order, the points that fit; every n-th from the i-th with
+    ``--shard i/n``."""
+    out = [(m, b, k) for m in (args.model or list(MODELS)) for b in (args.batch or BATCHES)
+           for k in (args.kv or KVS) if fits(MODELS[m], b, k)]
+    return out[args.shard[0]::args.shard[1]] if args.shard else out
+
+
+def decoder(cfg, batch: int, kv: int, tune: bool = False, pdl: bool = False):
     """fusionc's Decoder for one point (compiles through the cubin cache; no weights yet);
     ``tune``: autotune each layer graph on the GPU first (stored, reused by later runs);
     ``pdl``: programmatic dependent launch between the layer kernels."""
@@ -49,108 +90,106 @@ def compile_candidates(cfg, batch: int, kv: int) -> None:
         candidates(g, batch, kv, progress=False)
 
 
-def floor_bytes(cfg: ModelConfig, batch: int, kv: int) -> int:
-    kv_bytes = 2 * cfg.layers * batch * kv * cfg.kv_heads * cfg.head_dim * 2
-    return cfg.weight_bytes() + kv_bytes
-
-
-def torch_step(dec, kv: int):
-    """The same model in PyTorch (benchmarks/torch_blocks.py), on fusionc's weights and KV
-    caches (zero-copy views); returns step(attn, mlp) → logits."""
-    import torch
-    import torch.nn.functional as F
-    from benchmarks import torch_blocks
-    c = dec.cfg
-    tdt = torch.float16 if dec.dtype == "f16" else torch.bfloat16
-
-    def view(a):  # 16-bit storage through int16 (CUDA array interface), then reinterpreted
-        import cupy
-        return torch.as_tensor(a.view(cupy.int16), device="cuda").view(tdt)
-    layers = [{k: view(v) for k, v in w.items()} for w in dec.layers]
-    embed, norm, head = view(dec.embed), view(dec.head.w), view(dec.head.lm_head)
-    tokens = torch.as_tensor(dec.tokens, device="cuda").long()
-    pos = torch.as_tensor(dec.positions, device="cuda").long()
-    kw = dict(heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim, eps=c.eps, theta=c.theta)
-
-    def step(attn, mlp):
-        x = F.embedding(tokens, embed)
-        for w in layers:
-            x = attn(x, w["attn_norm"], w["w_qkv"], w["w_o"], w["k_cache"], w["v_cache"], pos,
-                     kv, **kw)
-            x = mlp(x, w["mlp_norm"], w["w_gate_up"], w["w_down"], eps=c.eps)
-        return (torch_blocks.rms_norm(x, norm, c.eps) @ head.t()).float()
-    return step
-
-
-def time_fusionc(dec, reps: int = 30) -> float:
-    """Seconds per decode step: median of CUDA-event timed replays of the captured step."""
+def kv_values(cfg, batch: int, kv: int, layer: int, which: int, dtype: str):
+    """Random K (``which`` 0) or V (1) of layer ``layer`` for the first ``kv`` positions,
+    ``[batch, kv, kv_heads, head_dim]`` device bits: the same values for both layouts."""
     import cupy
+    from fusionc.models.weights import float32_to_bits
+    rs = cupy.random.RandomState(1 + 2 * layer + which)
+    shape = (batch, kv, cfg.kv_heads, cfg.head_dim)
+    return float32_to_bits(rs.standard_normal(shape, dtype=cupy.float32), dtype, cupy)
+
+
+def fusionc_point(cfg, batch, kv, weights, args, pdl: bool):
+    """fusionc's logits (a copy) and time per step (s) at one point, its KV caches filled with
+    :func:`kv_values`; the decoder is freed before returning."""
+    import cupy
+    import numpy as np
+    dec = decoder(cfg, batch, kv, args.tune, pdl=pdl)
+    dec.load(iter(weights[0]), weights[1])
+    for i, w in enumerate(dec.layers):
+        for j, k in enumerate(("k_cache", "v_cache")):
+            w[k][:, :kv] = kv_values(cfg, batch, kv, i, j, dec.dtype)
+    got = dec.step(*step_inputs(batch, kv)).copy()   # captures the step
+    dec.stream.synchronize()
     for _ in range(3):
         dec.replay()
     times = []
-    for _ in range(reps):
+    for _ in range(30):
         a, b = cupy.cuda.Event(), cupy.cuda.Event()
         a.record(dec.stream)
         dec.replay()
         b.record(dec.stream)
         b.synchronize()
         times.append(cupy.cuda.get_elapsed_time(a, b) / 1e3)
-    return statistics.median(times)
+    del dec
+    _free()
+    return got, statistics.median(times)
 
 
-def fill_caches(dec, kv: int, seed: int = 1) -> None:
-    """Random K and V for the first ``kv`` positions of every row and layer."""
-    import cupy
-    from fusionc.models.weights import float32_to_bits
-    rs = cupy.random.RandomState(seed)
-    for w in dec.layers:
-        for k in ("k_cache", "v_cache"):
-            c = w[k]
-            c[:, :kv] = float32_to_bits(rs.standard_normal(c[:, :kv].shape, dtype=cupy.float32),
-                                        dec.dtype, cupy)
-
-
-def fusionc_point(cfg, batch, kv, weights, args, pdl: bool):
-    """A loaded decoder with filled KV caches, its captured step run once; (decoder, logits)."""
+def step_inputs(batch: int, kv: int):
+    """Tokens and positions of the timed step: every row's new token at position kv - 1."""
     import numpy as np
-    dec = decoder(cfg, batch, kv, args.tune, pdl=pdl)
-    dec.load(iter(weights[0]), weights[1])
-    fill_caches(dec, kv)
-    got = dec.step(np.arange(batch) * 7 + 11, np.full(batch, kv - 1)).copy()  # captures
-    dec.stream.synchronize()
-    return dec, got
+    return np.arange(batch) * 7 + 11, np.full(batch, kv - 1)
+
+
+def torch_step(cfg, batch: int, kv: int, weights):
+    """The same model in PyTorch (benchmarks/torch_blocks.py) on fusionc's weights (zero-copy
+    views) and its own caches ``[B, kv_heads, kv, head_dim]`` holding :func:`kv_values`;
+    returns ``step(attn, mlp) → fp32 logits`` and the caches (to free)."""
+    import cupy
+    import torch
+    from benchmarks import torch_blocks
+    tdt = torch.float16 if cfg.dtype == "f16" else torch.bfloat16
+
+    def view(a):  # 16-bit storage through int16 (CUDA array interface), then reinterpreted
+        return torch.as_tensor(a.view(cupy.int16), device="cuda").view(tdt)
+    layers = [{k: view(v) for k, v in w.items()} for w in weights[0]]
+    for i, w in enumerate(layers):
+        for j, k in enumerate(("k_cache", "v_cache")):
+            w[k] = view(kv_values(cfg, batch, kv, i, j, cfg.dtype)).transpose(1, 2).contiguous()
+            _free()
+    head = weights[1]
+    embed, norm, lm_head = (view(head[k]) for k in ("embed", "final_norm", "lm_head"))
+    toks, pos = (torch.as_tensor(a, device="cuda") for a in step_inputs(batch, kv))
+    kw = dict(heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, eps=cfg.eps,
+              theta=cfg.theta, scaling=cfg.rope_scaling)
+
+    def step(attn, mlp):
+        x = torch.nn.functional.embedding(toks, embed)
+        for w in layers:
+            qk = dict(q_norm=w["q_norm"], k_norm=w["k_norm"]) if cfg.qk_norm else {}
+            x = attn(x, w["attn_norm"], w["w_qkv"], w["w_o"], w["k_cache"], w["v_cache"], pos,
+                     kv, **kw, **qk)
+            x = mlp(x, w["mlp_norm"], w["w_gate_up"], w["w_down"], eps=cfg.eps)
+        return (torch_blocks.rms_norm(x, norm, cfg.eps) @ lm_head.t()).float()
+    return step, layers
 
 
 def run_point(name, cfg, batch, kv, bw, weights, args) -> dict:
-    import cupy
     import torch
     from benchmarks import common, torch_blocks
-    dec, got = fusionc_point(cfg, batch, kv, weights, args, pdl=False)
-    step = torch_step(dec, kv)
     row = dict(model=name, batch=batch, kv=kv, floor_ms=floor_bytes(cfg, batch, kv) / bw * 1e3)
+    got, t = fusionc_point(cfg, batch, kv, weights, args, pdl=False)
+    row["fusionc_ms"] = t * 1e3
+    if args.pdl:
+        row["pdl_ms"] = fusionc_point(cfg, batch, kv, weights, args, pdl=True)[1] * 1e3
+    step, caches = torch_step(cfg, batch, kv, weights)
+    attn, mlp = torch_blocks.attention_block_hf, torch_blocks.mlp_block
     with torch.no_grad():
-        ref = step(torch_blocks.attention_block, torch_blocks.mlp_block)
+        ref = step(attn, mlp)
         row["err"] = f"{common.rel_err(torch.as_tensor(got, device='cuda'), ref):.1e}"
-        row["eager_ms"] = common.time_graph(
-            [lambda: step(torch_blocks.attention_block, torch_blocks.mlp_block)]) * 1e3
-        if not args.no_torch_compile:
-            mode = "max-autotune-no-cudagraphs" if args.max_autotune else "default"
+        row["eager_ms"] = common.time_graph([lambda: step(attn, mlp)]) * 1e3
+        modes = [] if args.no_torch_compile else \
+            [("compile", "default")] + ([("autotune", "max-autotune-no-cudagraphs")]
+                                        if args.max_autotune else [])
+        for col, mode in modes:
             t0 = time.time()
-            ca = torch.compile(torch_blocks.attention_block, mode=mode, dynamic=False)
-            cm = torch.compile(torch_blocks.mlp_block, mode=mode, dynamic=False)
-            row["compile_ms"] = common.time_graph([lambda: step(ca, cm)]) * 1e3
+            ca, cm = (common.fresh_compile(f, mode) for f in (attn, mlp))
+            row[f"{col}_ms"] = common.time_graph([lambda: step(ca, cm)]) * 1e3
             print(f"  torch.compile ({mode}) ready in {time.time() - t0:.0f} s", flush=True)
-    row["nopdl_ms"] = time_fusionc(dec) * 1e3
-    del dec, step
+    del step, caches
     _free()
-    if args.no_pdl:
-        row["fusionc_ms"] = row["nopdl_ms"]
-    else:   # the same step with programmatic dependent launch: identical bits expected
-        dec, got_pdl = fusionc_point(cfg, batch, kv, weights, args, pdl=True)
-        row["fusionc_ms"] = time_fusionc(dec) * 1e3
-        row["pdl_same_bits"] = bool((got_pdl == got).all())
-        del dec
-        _free()
     row["x_floor"] = f"{row['fusionc_ms'] / row['floor_ms']:.2f}"
     for base in ("compile", "eager"):
         if f"{base}_ms" in row:
@@ -160,32 +199,42 @@ def run_point(name, cfg, batch, kv, bw, weights, args) -> dict:
 
 def _free() -> None:
     import cupy
-    import torch
+    try:
+        import torch
+        torch.cuda.empty_cache()
+    except ImportError:
+        pass
     cupy.get_default_memory_pool().free_all_blocks()
-    torch.cuda.empty_cache()
 
 
-def main() -> int:
+def parse(argv=None):
+    from benchmarks.common import batch_list
+    from benchmarks.gemv import shard_spec
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=list(MODELS), action="append")
-    ap.add_argument("--batch", type=int, action="append")
-    ap.add_argument("--kv", type=int, action="append")
+    ap.add_argument("--batch", type=batch_list, help="batch sizes, comma-separated")
+    ap.add_argument("--kv", type=batch_list, help="KV lengths, comma-separated")
+    ap.add_argument("--shard", type=shard_spec, default=None, metavar="i/n")
     ap.add_argument("--compile-only", action="store_true",
                     help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--max-autotune", action="store_true")
-    ap.add_argument("--no-pdl", action="store_true",
-                    help="time fusionc without programmatic dependent launch only")
+    ap.add_argument("--pdl", action="store_true",
+                    help="also time fusionc with programmatic dependent launch (column pdl_ms)")
     ap.add_argument("--tune", action="store_true",
                     help="autotune fusionc's layer kernels first (with --compile-only: compile "
                          "every candidate)")
-    args = ap.parse_args()
-    points = [(m, b, k) for m in (args.model or list(MODELS)) for b in (args.batch or [1, 8])
-              for k in (args.kv or [1024, 8192])]
+    return ap.parse_args(argv)
+
+
+def main() -> int:
+    args = parse()
+    todo = points(args)
     if args.compile_only:
-        for m, b, k in points:
+        for m, b, k in todo:
             decoder(MODELS[m], b, k, pdl=False)
-            decoder(MODELS[m], b, k, pdl=True)
+            if args.pdl:
+                decoder(MODELS[m], b, k, pdl=True)
             if args.tune:
                 compile_candidates(MODELS[m], b, k)
             print(f"compiled {m} batch {b} KV {k}", flush=True)
@@ -194,19 +243,19 @@ def main() -> int:
     from benchmarks import common
     from fusionc.models.weights import random_head, random_layer
     bw = common.copy_bandwidth()
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {len(todo)} points", flush=True)
     rows = []
-    for m in dict.fromkeys(p[0] for p in points):
+    for m in dict.fromkeys(p[0] for p in todo):
         cfg = MODELS[m]
         weights = ([random_layer(cfg, i, cfg.dtype, cupy) for i in range(cfg.layers)],
                    random_head(cfg, cfg.dtype, cupy))
-        for _, b, k in (p for p in points if p[0] == m):
+        for _, b, k in (p for p in todo if p[0] == m):
             rows.append(run_point(m, cfg, b, k, bw, weights, args))
-            print(common.table(rows[-1:], list(rows[-1])), flush=True)
+            print(common.table(rows[-1:], [c for c in COLS if c in rows[-1]]), flush=True)
         del weights
-    cols = ["model", "batch", "kv", "fusionc_ms", "nopdl_ms", "eager_ms", "compile_ms",
-            "floor_ms", "x_floor", "vs_compile", "vs_eager", "err", "pdl_same_bits"]
-    print(common.table(rows, cols))
+        _free()
+    common.write_csv("decode", args.shard, COLS, rows)
+    print(common.table(rows, COLS))
     return 0
 
 

@@ -12,10 +12,17 @@ def rms_norm(x, w, eps):
     return (w.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
 
 
-def rope(x, positions, theta):
-    """NeoX (half split) RoPE over the whole head: x [B, H, D], positions [B]."""
+def rope(x, positions, theta, scaling=()):
+    """NeoX (half split) RoPE over the whole head: x [B, H, D], positions [B]; ``scaling``:
+    Llama 3.1's frequency scaling ``(factor, low_freq_factor, high_freq_factor,
+    original_max_position)`` as transformers' ``_compute_llama3_parameters``, or ()."""
     d = x.shape[-1]
     inv = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    if scaling:
+        factor, low, high, old = scaling
+        wavelen = 2 * torch.pi / inv
+        smooth = ((old / wavelen - low) / (high - low)).clamp(0, 1)
+        inv = (1 - smooth) * inv / factor + smooth * inv
     ang = positions.float()[:, None, None] * inv  # [B, 1, D/2]
     cos, sin = ang.cos(), ang.sin()
     x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
@@ -23,7 +30,7 @@ def rope(x, positions, theta):
 
 
 def _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta,
-           q_norm=None, k_norm=None):
+           q_norm=None, k_norm=None, scaling=()):
     """RMSNorm, the fused QKV projection, (QK-norm over head_dim: Qwen3), RoPE on q and k:
     q [B, H, D], k [B, KV, D], v flat."""
     B = x.shape[0]
@@ -32,7 +39,7 @@ def _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta
     q, k = q.view(B, heads, head_dim), k.view(B, kv_heads, head_dim)
     if q_norm is not None:
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
-    return rope(q, positions, theta), rope(k, positions, theta), v
+    return rope(q, positions, theta, scaling), rope(k, positions, theta, scaling), v
 
 
 def attention_block(x, attn_norm, w_qkv, w_o, k_cache, v_cache, positions, seq_len: int, *,
@@ -52,14 +59,15 @@ def attention_block(x, attn_norm, w_qkv, w_o, k_cache, v_cache, positions, seq_l
 
 def attention_block_hf(x, attn_norm, w_qkv, w_o, k_hf, v_hf, positions, seq_len: int, *,
                        heads, kv_heads, head_dim, eps, theta, form="sdpa", q_norm=None,
-                       k_norm=None):
+                       k_norm=None, scaling=()):
     """:func:`attention_block` over caches in the layout of transformers, contiguous
-    ``[B, kv_heads, max_seq, head_dim]``, where SDPA keeps its fast paths. ``form``: ``"sdpa"``
+    ``[B, kv_heads, max_seq, head_dim]``, where SDPA keeps its fast paths (``scaling``: as
+    :func:`rope`). ``form``: ``"sdpa"``
     (``F.scaled_dot_product_attention`` with GQA) or ``"matmul"`` (the query heads of a KV head
     as one matrix: q·Kᵀ, fp32 softmax, P·V, as HF's eager attention without the K/V repeat)."""
     B = x.shape[0]
     q, k, v = _heads(x, attn_norm, w_qkv, positions, heads, kv_heads, head_dim, eps, theta,
-                     q_norm, k_norm)
+                     q_norm, k_norm, scaling)
     rows, pos = torch.arange(B, device=x.device), positions.long()
     k_hf[rows, :, pos] = k
     v_hf[rows, :, pos] = v.view(B, kv_heads, head_dim)

@@ -16,6 +16,8 @@ that absorbs the norm before it and the elementwise ops after it (``fusionc/lowe
 - ``@heads``: a projection viewed as 4 heads (``split_heads``), SiLU on the heads, merged back
   (``merge_heads``) into the next linear: ``fold-views`` moves the views past the SiLU and
   cancels them, so this is ``@chain``'s kernel with a SiLU epilogue.
+- ``@lm_head``: the final RMSNorm and an LM head whose logits are the fp32 sums, unrounded
+  (``out_dtype = f32``): one kernel, its flush stores fp32.
 
     fusionc ir examples/graphs_v2.py --lowering v2 --after partition-units -D hidden=256 -D inter=200 \
         --max-batch 16
@@ -65,4 +67,9 @@ def build(hidden: int = 4096, inter: int = 14336, dtype: str = "bf16") -> fc.ir.
         h = fc.split_heads(fc.linear(x, w1, name="h"), 4, name="hh")
         return fc.linear(fc.merge_heads(fc.silu(h, name="a"), name="m"), w2, name="y")
 
-    return fc.module(swiglu, norm_silu, mlp, mlp_shard, linear, chain, heads)
+    @fc.graph
+    def lm_head(x: T["B", hidden], g: T[hidden], w: T[inter, hidden]):
+        h = fc.rms_norm(x, g, 1e-5, name="h")
+        return fc.linear(h, w, out_dtype=fc.f32, name="logits")
+
+    return fc.module(swiglu, norm_silu, mlp, mlp_shard, linear, chain, heads, lm_head)

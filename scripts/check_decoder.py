@@ -54,12 +54,12 @@ def compare(arch: str, dtype: str | None = None, batch: int = 1, steps: int = 8,
 
 def _phases(gpu, tokens, positions, sync, log) -> None:
     """Step 0 eagerly, phase by phase, with a device synchronization after each."""
-    from fusionc.models.head import embed_into
+    from fusionc.models.decoder import _out
     gpu.tokens.set(tokens.astype(np.int32))
     gpu.positions.set(positions.astype(np.int32))
     gpu.seq_lens.set((positions + 1).astype(np.int32))
     a, b = gpu.x
-    embed_into(gpu.embed, gpu.tokens, b)
+    gpu.embed_graph(embed=gpu.embed, tokens=gpu.tokens, outputs={_out(gpu.embed_graph): b})
     sync()
     log("embedding ok")
     for i, w in enumerate(gpu.layers):
@@ -71,9 +71,8 @@ def _phases(gpu, tokens, positions, sync, log) -> None:
                 outputs={gpu.mlp.host.outputs[0].name: b})
         sync()
         log(f"layer {i} ok")
-    gpu.head.norm(b)
-    sync()
-    gpu.head.project()
+    gpu.head_graph(x=b, final_norm=gpu.final_norm, lm_head=gpu.lm_head,
+                   outputs={_out(gpu.head_graph): gpu.logits})
     sync()
     log("final norm and LM head ok")
 

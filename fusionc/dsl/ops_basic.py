@@ -56,7 +56,7 @@ def rms_norm(x: Tracer, weight: Tracer, eps: float, *, name: str | None = None) 
     return emit("rms_norm", (x, weight), {"eps": eps}, name)[0]
 
 
-def linear(x: Tracer, w: Tracer, bias: Tracer | None = None, *,
+def linear(x: Tracer, w: Tracer, bias: Tracer | None = None, *, out_dtype=None,
            name: str | None = None) -> Tracer:
     """y[..., n] = Σ_k x[..., k] · w[n, k] (+ bias[n]): ``torch.nn.Linear`` (weights [out, in]).
 
@@ -64,11 +64,14 @@ def linear(x: Tracer, w: Tracer, bias: Tracer | None = None, *,
         x: ``[..., in]`` (``[B, in]`` in decode: a GEMV per token).
         w: ``[out, in]``, dtype of x.
         bias: optional ``[out]``.
+        out_dtype: the result's dtype (``fusionc.f32``, ``"bf16"``, ...; default the dtype of
+            x): ``f32`` keeps the fp32 sums unrounded, as an LM head's logits.
     Returns:
-        ``[..., out]``; products accumulated in fp32, rounded to the dtype of x.
+        ``[..., out]``; products accumulated in fp32, rounded to ``out_dtype``.
     """
     operands = (x, w) if bias is None else (x, w, bias)
-    return emit("linear", operands, name=name)[0]
+    attrs = {} if out_dtype is None else {"out_dtype": to_dtype(out_dtype).value}
+    return emit("linear", operands, attrs, name=name)[0]
 
 
 def embedding(table: Tracer, tokens: Tracer, *, name: str | None = None) -> Tracer:

@@ -167,6 +167,9 @@ class OpDef:
                     )
                 out.append((a.name, a.default))
                 continue
+            if given[a.name] is None and a.default is None:   # an optional attribute unset
+                out.append((a.name, None))
+                continue
             try:
                 out.append((a.name, a.kind.convert(given[a.name])))
             except ValueError as e:

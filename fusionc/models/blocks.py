@@ -1,5 +1,6 @@
 """The decoder blocks of Llama-family models in the fusionc DSL: one attention block and one MLP
-block per layer, decode step (one new token per sequence).
+block per layer, decode step (one new token per sequence), and the step's ends (:func:`step_ends`:
+the embedding, the final norm and the LM head).
 
 ``B`` is the symbolic batch. Runtime inputs besides the weights: ``positions[b]`` (where the new
 token's K and V go in the cache, and its RoPE position) and ``seq_lens[b]`` (tokens attended
@@ -125,6 +126,30 @@ def layer_module(cfg, max_seq: int, dtype: str | None = None) -> Module:
                         rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias),
         mlp_block(hidden=cfg.hidden, intermediate=cfg.intermediate, eps=cfg.eps,
                   dtype=dtype or cfg.dtype))
+
+
+def step_ends(cfg, dtype: str | None = None) -> Module:
+    """The graphs around the layers of a decode step of model config ``cfg``:
+
+    - ``@embed(embed [vocab, hidden], tokens i32[B]) -> x [B, hidden]``: the token rows;
+    - ``@head(x [B, hidden], final_norm [hidden], lm_head [vocab, hidden]) -> logits f32[B,
+      vocab]``: the final RMSNorm (rounded to the dtype, as every block's output) and the LM
+      head with fp32 sums unrounded (``out_dtype = f32``). Tied embeddings pass the embedding
+      table as ``lm_head``.
+    """
+    T = fc.dtype(dtype or cfg.dtype)
+    hidden, vocab = cfg.hidden, cfg.vocab
+
+    @fc.graph
+    def embed(embed: T[vocab, hidden], tokens: fc.i32["B"]):
+        return fc.embedding(embed, tokens, name="x")
+
+    @fc.graph
+    def head(x: T["B", hidden], final_norm: T[hidden], lm_head: T[vocab, hidden]):
+        h = fc.rms_norm(x, final_norm, cfg.eps, name="normed")
+        return fc.linear(h, lm_head, out_dtype=fc.f32, name="logits")
+
+    return fc.module(embed, head)
 
 
 def tp_layer_block(*, hidden: int, heads: int, kv_heads: int, head_dim: int,

@@ -1,11 +1,13 @@
 """A whole decoder-only model on the GPU: every layer runs fusionc's fused attention and MLP
-kernels (compiled once, shared by all layers). One decode step — embedding, all layers, final
-norm — is one CUDA graph, captured on the first step and replayed afterwards with new tokens,
-positions and KV lengths (run-time arguments; nothing recompiles); the LM head (one cuBLAS GEMM,
-which CuPy refuses to call during a capture) follows the replay on the same stream.
+kernels (compiled once, shared by all layers), and the step's ends are fusionc graphs too
+(:func:`fusionc.models.blocks.step_ends`: the embedding's gather, the final RMSNorm and the LM
+head as a linear with fp32 logits). One decode step — embedding, all layers, final norm, LM
+head — is one CUDA graph, captured on the first step and replayed afterwards with new tokens,
+positions and KV lengths (run-time arguments; nothing recompiles).
 
 KV cache: contiguous per sequence, ``[batch, max_seq, kv_heads, head_dim]`` per layer for K and V.
-Prompt tokens run through the same decode step one at a time (no separate prefill).
+Prompt tokens run through the same decode step one at a time (no separate prefill on the GPU
+yet).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from fusionc.errors import CompileError, InputError
-from fusionc.models.blocks import layer_module
+from fusionc.models.blocks import layer_module, step_ends
 from fusionc.models.config import ModelConfig, load_config
 
 
@@ -54,9 +56,12 @@ class Decoder:
                     autotune=autotune, progress=progress, pdl=pdl)
         self.attention = fusionc.compile(self.module, "attention", **opts)
         self.mlp = fusionc.compile(self.module, "mlp", **opts)
+        self.embed_graph = fusionc.compile(self.ends, "embed", max_batch=batch)  # a gather
+        self.head_graph = fusionc.compile(self.ends, "head", **opts)
 
     def _setup(self, cfg: ModelConfig, batch: int, max_seq: int | None, dtype: str | None):
-        """Sizes and the layer graphs (``fusionc.models.blocks.layer_module``)."""
+        """Sizes, the layer graphs (``fusionc.models.blocks.layer_module``) and the step's ends
+        (``step_ends``)."""
         self.cfg = cfg
         self.batch = _positive("batch", batch)
         self.max_seq = min(cfg.max_position, 4096) if max_seq is None else \
@@ -69,6 +74,7 @@ class Decoder:
         if self.dtype not in self.DTYPES:
             raise InputError(f"dtype {self.dtype!r}", valid=" or ".join(self.DTYPES))
         self.module = layer_module(cfg, self.max_seq, self.dtype)
+        self.ends = step_ends(cfg, self.dtype)
         self.layers = []
 
     @classmethod
@@ -115,7 +121,6 @@ class Decoder:
         import cupy
 
         from fusionc.ir.types import DType
-        from fusionc.models.head import Head
         from fusionc.runtime.arrays import _CUPY, require_gpu
         require_gpu()
         c, B, dt = self.cfg, self.batch, _CUPY[DType(self.dtype)]
@@ -129,9 +134,10 @@ class Decoder:
             raise InputError(f"{len(self.layers)} layers of weights", valid=f"{c.layers} "
                              "(num_hidden_layers of the config)")
         self.embed = cupy.asarray(head["embed"])
-        lm_head = self.embed if head["lm_head"] is head["embed"] else \
+        self.lm_head = self.embed if head["lm_head"] is head["embed"] else \
             cupy.asarray(head["lm_head"])   # tied embeddings: one copy on the GPU
-        self.head = Head(cupy.asarray(head["final_norm"]), lm_head, c.eps, B, self.dtype)
+        self.final_norm = cupy.asarray(head["final_norm"])
+        self.logits = cupy.empty((B, c.vocab), cupy.float32)
         self.tokens, self.positions, self.seq_lens = (cupy.zeros(B, cupy.int32) for _ in "tps")
         self.x = [cupy.empty((B, c.hidden), dt) for _ in range(2)]  # ping-pong hidden states
         self._graph, self.stream = None, cupy.cuda.Stream(non_blocking=True)
@@ -156,9 +162,8 @@ class Decoder:
             if self._graph is None:
                 self._graph = self._capture()
             self._graph.launch(self.stream)
-            self.head.project()                        # cuBLAS: not capturable through CuPy
         caller.wait_event(self.stream.record())      # the caller's stream sees this step's logits
-        return self.head.logits
+        return self.logits
 
     def _capture(self):
         """Run the step once eagerly (loads the kernels), then capture it; the capture does not
@@ -179,26 +184,27 @@ class Decoder:
         return self.stream.end_capture()
 
     def replay(self) -> None:
-        """Replay the captured step and the LM head with the inputs of the last :meth:`step`
-        (asynchronous, on :attr:`stream`): for timing a decode step without host work."""
+        """Replay the captured step with the inputs of the last :meth:`step` (asynchronous, on
+        :attr:`stream`): for timing a decode step without host work."""
         if self._graph is None:
             raise InputError("no decode step captured yet", valid="call step() first")
         with self.stream:
             self._graph.launch(self.stream)
-            self.head.project()
 
     def _run(self) -> None:
-        """Embedding, every layer's attention and MLP kernels, final norm (the captured part)."""
-        from fusionc.models.head import embed_into
+        """Embedding, every layer's attention and MLP kernels, final norm and LM head (the
+        captured step)."""
         a, b = self.x
-        embed_into(self.embed, self.tokens, b)
-        attn_out, mlp_out = self.attention.host.outputs[0].name, self.mlp.host.outputs[0].name
+        self.embed_graph(embed=self.embed, tokens=self.tokens,
+                         outputs={_out(self.embed_graph): b})
+        attn_out, mlp_out = _out(self.attention), _out(self.mlp)
         for w in self.layers:
             self.attention(x=b, **_pick(w, self.attention.params, "x"),
                            positions=self.positions, seq_lens=self.seq_lens,
                            outputs={attn_out: a})
             self.mlp(x=a, **_pick(w, self.mlp.params, "x"), outputs={mlp_out: b})
-        self.head.norm(b)
+        self.head_graph(x=b, final_norm=self.final_norm, lm_head=self.lm_head,
+                        outputs={_out(self.head_graph): self.logits})
 
     def _check(self, tokens, positions):
         t, p = token_ids(tokens, "tokens"), token_ids(positions, "positions")
@@ -248,6 +254,11 @@ def _no_allocation(size: int):
     """CuPy allocator in force while a decode step is captured."""
     raise CompileError(f"a {size}-byte allocation while capturing the decode step",
                        valid="every buffer of the step allocated before the capture")
+
+
+def _out(graph) -> str:
+    """The name of a compiled graph's first output."""
+    return graph.host.outputs[0].name
 
 
 def _pick(w: dict, names: list[str], *skip: str) -> dict:

@@ -1,6 +1,7 @@
 """The decode step of :class:`fusionc.models.decoder.Decoder` on the CPU: the same layer graphs
-run in fusionc's interpreter (fp32 arithmetic, every result rounded to its dtype, as the GPU
-kernels compute); embedding, final RMSNorm and LM head in numpy fp32. For tests, notebooks and
+and the step's ends (embedding, final RMSNorm, LM head with fp32 logits) run in fusionc's
+interpreter (fp32 arithmetic, every result rounded to its dtype, as the GPU kernels compute).
+For tests, notebooks and
 checking a model folder on a machine without a GPU; slow (seconds per token at real sizes).
 
 ``tp = N`` runs the tensor-parallel layer (:func:`fusionc.models.blocks.tp_layer_block`) over N
@@ -13,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from fusionc.errors import InputError
-from fusionc.interp.numerics import round_to
 from fusionc.ir.types import DType
 from fusionc.models.config import ModelConfig
 from fusionc.models.decoder import Decoder
@@ -95,11 +95,10 @@ class HostDecoder(Decoder):
         if len(self.layers) != c.layers:
             raise InputError(f"{len(self.layers)} layers of weights",
                              valid=f"{c.layers} (num_hidden_layers of the config)")
-        head_dt = np.float64 if self.precise else np.float32   # final norm and LM head: fp32
-        self.embed, self.final_norm = (device_bits_to_host(np.asarray(head[k]), dt).astype(head_dt)
+        self.embed, self.final_norm = (device_bits_to_host(np.asarray(head[k]), dt)
                                        for k in ("embed", "final_norm"))
         self.lm_head = self.embed if head["lm_head"] is head["embed"] else \
-            device_bits_to_host(np.asarray(head["lm_head"]), dt).astype(head_dt)
+            device_bits_to_host(np.asarray(head["lm_head"]), dt)
 
     def step(self, tokens, positions) -> np.ndarray:
         """One decode step (see :meth:`Decoder.step`); numpy fp32 logits ``[batch, vocab]``."""
@@ -107,8 +106,7 @@ class HostDecoder(Decoder):
             raise InputError("the decoder has no weights", valid="load() them first, or build "
                              "it with HostDecoder.from_pretrained / HostDecoder.random")
         tokens, positions = self._check(tokens, positions)
-        dt = DType(self.dtype)
-        x = self.embed[tokens].astype(dt.numpy if not self.precise else np.float64)
+        x = self._embed(tokens)
         run = {"positions": positions, "seq_lens": positions + 1}
         if self.tp > 1:
             return self._logits(self._tp_layers(x, run, self.module, "layer"))
@@ -131,10 +129,8 @@ class HostDecoder(Decoder):
         seqs = _prompts(prompts, self.batch, self.max_seq, self.cfg.vocab)
         lengths = [len(q) for q in seqs]
         last = [None] * self.batch
-        dt = DType(self.dtype)
         for seq_of, pos, off in chunks(lengths, [0] * self.batch, CHUNK if chunk is None else chunk):
-            toks = np.array([seqs[b][i] for b, i in zip(seq_of, off)], np.int64)
-            x = self.embed[toks].astype(dt.numpy if not self.precise else np.float64)
+            x = self._embed(np.array([seqs[b][i] for b, i in zip(seq_of, off)], np.int32))
             run = {"positions": pos, "seq_of": seq_of}
             x = self._tp_layers(x, run, self._chunk_module(), "layer_chunk") if self.tp > 1 \
                 else self._layers(x, run, self._chunk_module(), "attention_chunk")
@@ -174,15 +170,23 @@ class HostDecoder(Decoder):
                              graph="mlp", precise=self.precise)
         return x
 
+    def _embed(self, tokens: np.ndarray) -> np.ndarray:
+        """Graph ``@embed`` of :attr:`ends`: the hidden states ``[rows, hidden]`` of ids
+        ``tokens``."""
+        from fusionc.interp.interpreter import interpret
+        (x,) = interpret(self.ends, {"embed": self.embed, "tokens": tokens.astype(np.int32)},
+                         graph="embed", precise=self.precise)
+        return x
+
     def _logits(self, x: np.ndarray) -> np.ndarray:
-        """Final RMSNorm and LM head of hidden states ``[rows, hidden]`` (fp32, rounded to the
-        dtype between them unless precise)."""
-        x = x.astype(self.lm_head.dtype)
-        normed = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + self.cfg.eps)
-        normed = normed * self.final_norm
-        if not self.precise:
-            normed = round_to(normed, DType(self.dtype)).astype(np.float32)
-        return normed @ self.lm_head.T
+        """Graph ``@head`` of :attr:`ends`: final RMSNorm (rounded to the dtype unless
+        precise) and LM head of hidden states ``[rows, hidden]``, fp32 logits (float64 when
+        precise)."""
+        from fusionc.interp.interpreter import interpret
+        (y,) = interpret(self.ends, {"x": x, "final_norm": self.final_norm,
+                                     "lm_head": self.lm_head}, graph="head",
+                         precise=self.precise)
+        return y
 
     def _tp_layers(self, x: np.ndarray, run: dict, module, graph: str) -> np.ndarray:
         """Every layer (graph ``graph`` of ``module``) over the simulated ranks in lockstep;

@@ -27,7 +27,11 @@ class LowerLibrary(Pass):
 
     def rewrite(self, g: Graph) -> Graph:
         """``g`` with every linear as a cuBLAS library call."""
-        attrs = lookup("library_call").make_attrs({"fn": "cublas_gemm"})
+        call = lookup("library_call")
+
+        def attrs(op):   # the linear's out_dtype carries over
+            return call.make_attrs({"fn": "cublas_gemm"} | {
+                k: v for k, v in op.attrs if k == "out_dtype" and v is not None})
         return g.replace(body=tuple(
-            Op("library_call", op.results, op.operands, attrs, loc=op.loc)
+            Op("library_call", op.results, op.operands, attrs(op), loc=op.loc)
             if op.name == "linear" else op for op in g.body))

@@ -88,6 +88,7 @@ class PartitionCluster(Pass):
         kernels = []
         for i, st in enumerate(find_stages(g)):
             _used_only_inside(g, st)
+            _same_out_dtype(st)
             k = self.best_kernel(st, _fresh(f"{g.name}_k{i}", taken))
             inner = {r.name: op for op in st.ops for r in op.results}
             for p in k.params:
@@ -258,3 +259,14 @@ def _fresh(name: str, taken: set) -> str:
         out = f"{name}_{j}"
     taken.add(out)
     return out
+
+
+def _same_out_dtype(st) -> None:
+    """LoweringError for a linear of a block whose result dtype is not its x's (``out_dtype``):
+    the cluster kernels keep one dtype through a block."""
+    for op in st.ops:
+        if op.name == "linear" and op.results[0].type.dtype != op.operands[0].type.dtype:
+            raise LoweringError(f"out_dtype {op.results[0].type.dtype.value} inside a "
+                                "cluster-kernel block", op=op.name, loc=op.loc,
+                                valid="out_dtype equal to x's dtype on lowering v1; other "
+                                      "out_dtypes on lowering v2 (linear layers of their own)")

@@ -212,8 +212,8 @@ def check_launches_only(host: Graph) -> None:
                                op=op.name, loc=op.loc,
                                valid="attention and MLP blocks (fused kernels); linear (with "
                                      "a bias or not), RMSNorm, SiLU, SiLU·mul, add, mul, cast, "
-                                     "feature splits and collectives (library path, many "
-                                     "tokens)")
+                                     "embedding, feature splits and collectives (library "
+                                     "path, many tokens)")
         if op.name in HOST_OPS and op.results and (
                 op.results[0].type.dtype.value not in ("f16", "bf16", "f32") or
                 op.name in HOST_COMPUTE and any(v.type.dtype.value not in ("f16", "bf16", "f32")

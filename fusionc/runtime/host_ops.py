@@ -1,7 +1,6 @@
 """The ops of a lowered host graph that are not fusionc kernel launches, on the GPU: library
 calls (cuBLAS GEMMs, with a bias), row-wise graph ops as CuPy kernels (RMSNorm, SiLU, SiLU·mul,
-add, mul, cast, feature
-splits as views), the token blocks of ``split-tokens`` (views; each block's result written in
+add, mul, cast, the embedding's gather; feature splits as views), the token blocks of ``split-tokens`` (views; each block's result written in
 place into its rows of the joined buffer), and the collectives (:mod:`.comm_ops`).
 
 Streams: ``stream = 1`` collectives run on a side stream (token-split overlap); everything else
@@ -17,13 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 from fusionc.errors import InputError
-from fusionc.ir.ops.tokens import HOST_ROWWISE, SPLIT_ATTRS, part_symbol, split_sizes
+from fusionc.ir.ops.tokens import LIBRARY_OPS, SPLIT_ATTRS, part_symbol, split_sizes
 from fusionc.ir.nodes import Value
 from fusionc.ir.types import DType, TensorType
 from fusionc.runtime import arrays, library
 from fusionc.runtime.comm_ops import COMM_OPS
 
-HOST_OPS = HOST_ROWWISE | frozenset({"token_split", "token_concat"})
+HOST_OPS = LIBRARY_OPS | frozenset({"token_split", "token_concat"})
 # the ops _compute runs as CuPy kernels or GEMMs: float operands only (library.PREAMBLE)
 HOST_COMPUTE = frozenset({"library_call", "rms_norm", "silu_mul", "add", "mul", "silu", "cast"})
 
@@ -126,7 +125,8 @@ def _compute(op, args: list, out, streams: Streams, temp) -> None:
     buffer (the graph's, :meth:`CompiledGraph.scratch`: a capture allocates nothing)."""
     dt = op.results[0].type.dtype.value
     if op.name == "library_call":
-        library.gemm(args[0], args[1], out, dt, *args[2:])
+        library.gemm(args[0], args[1], out, op.operands[0].type.dtype.value, *args[2:],
+                     out_dtype=dt)
     elif op.name == "rms_norm":
         buf, ss = temp(Value("ss", TensorType(DType.f32, (args[0].shape[0], 1))))
         streams.keep.append(buf)
@@ -141,6 +141,8 @@ def _compute(op, args: list, out, streams: Streams, temp) -> None:
         library.silu(args[0], out, dt)
     elif op.name == "cast":
         library.cast(args[0], out, op.operands[0].type.dtype.value, dt)
+    elif op.name == "embedding":
+        library.embedding(args[0], args[1], out)
 
 
 def _concat(cg, op, views, objs, env, torch_mode, outputs, streams) -> None:

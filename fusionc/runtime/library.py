@@ -105,6 +105,31 @@ def cast(x, out, src: str, dst: str) -> None:
     _unary(src, dst, "cast", "u")(x, out)
 
 
+@functools.cache
+def _gather():
+    import cupy
+    return cupy.ElementwiseKernel(
+        "raw T table, raw int32 tokens, int32 vocab, int32 hidden", "T y",
+        "int b = i / hidden, t = tokens[b];"
+        "y = (t >= 0 && t < vocab) ? table[(long long)t * hidden + (i - b * hidden)] : T(0.0f)",
+        "fc_embedding")
+
+
+def embedding(table, tokens, out) -> None:
+    """``out[b] = table[tokens[b]]`` (``table [vocab, hidden]`` contiguous, ``tokens i32[B]``,
+    ``out [B, hidden]`` of the table's dtype: a copy, no rounding). A token outside
+    ``[0, vocab)`` gets a row of zeros rather than a read outside the table (ids are device
+    values here; the interpreter raises InputError, and ``fusionc.models.Decoder`` checks them
+    on the host)."""
+    for name, m in (("table", table), ("tokens", tokens)):
+        if not m.flags.c_contiguous:
+            from fusionc.errors import InputError
+            raise InputError(f"{name} has strides {m.strides}", op="embedding",
+                             valid="a contiguous array")
+    if out.size:
+        _gather()(table, tokens, np.int32(table.shape[0]), np.int32(table.shape[1]), out)
+
+
 _HANDLES: dict = {}
 
 
@@ -157,12 +182,14 @@ def handle_for(device: int, stream: int):
     return h
 
 
-def gemm(x, w, out, dtype: str, bias=None) -> None:
-    """``out [T, N] = x [T, K] · w [N, K]ᵀ (+ bias [N])`` with cublasGemmEx: 16-bit (or fp32)
-    inputs and output, fp32 compute (CUBLAS_COMPUTE_32F), on the current stream; capturable in
-    a CUDA graph once the stream has run one call. ``x`` may be a row-strided view (rows
-    contiguous). The bias is broadcast into ``out`` first and added by the GEMM (beta = 1):
-    fp32 sums, one rounding, as the interpreter's ``linear``."""
+def gemm(x, w, out, dtype: str, bias=None, out_dtype: str | None = None) -> None:
+    """``out [T, N] = x [T, K] · w [N, K]ᵀ (+ bias [N])`` with cublasGemmEx: inputs of
+    ``dtype`` (16-bit or fp32), ``out`` of ``out_dtype`` (default ``dtype``; fp32 from 16-bit
+    inputs: the LM head's logits), fp32 compute (CUBLAS_COMPUTE_32F), on the current stream;
+    capturable in a CUDA graph once the stream has run one call. ``x`` may be a row-strided
+    view (rows contiguous). The bias is broadcast into ``out`` first (converted to
+    ``out_dtype``, exactly) and added by the GEMM (beta = 1): fp32 sums, one rounding, as the
+    interpreter's ``linear``."""
     import cupy
     T, K = x.shape
     N = w.shape[0]
@@ -174,31 +201,36 @@ def gemm(x, w, out, dtype: str, bias=None) -> None:
             raise InputError(f"{name} has strides {m.strides}", op="library_call",
                              valid="rows of contiguous elements")
     handle = _handle(cupy.cuda.get_current_stream())
+    od = out_dtype or dtype
     t, a = CUDA_R[dtype], (_ONE_ZERO if bias is None else _ONE_ONE).ctypes.data
-    if bias is not None:
+    if bias is not None and od == dtype:
         out[...] = bias[None, :]
+    elif bias is not None:
+        cast(bias[None, :], out, dtype, od)
     ld = [m.strides[0] // m.itemsize for m in (w, x, out)]
     # column-major: out^T [N, T] = w [N, K] · x^T [K, T]; CUBLAS_OP_T = 1, CUBLAS_OP_N = 0,
     # CUBLAS_COMPUTE_32F = 68 (host pointer mode, the default, for alpha and beta)
     _check(_cublas().cublasGemmEx(handle, 1, 0, N, T, K, a, w.data.ptr, t, ld[0], x.data.ptr,
-                                  t, ld[1], a + 4, out.data.ptr, t, ld[2], 68, _GEMM_DEFAULT),
+                                  t, ld[1], a + 4, out.data.ptr, CUDA_R[od], ld[2], 68,
+                                  _GEMM_DEFAULT),
            "cublasGemmEx")
 
 
-def gemm_plan(T: int, K: int, N: int, dtype: str, device: int):
-    """:func:`gemm` of contiguous ``x [T, K]``, ``w [N, K]`` and ``out [T, N]`` fixed once:
+def gemm_plan(T: int, K: int, N: int, dtype: str, device: int, out_dtype: str | None = None):
+    """:func:`gemm` of contiguous ``x [T, K]``, ``w [N, K]`` and ``out [T, N]`` (of
+    ``out_dtype``, default ``dtype``) fixed once:
     returns ``run(stream, x_ptr, w_ptr, out_ptr)`` for a stream handle and device pointers
     (the cached call path of :mod:`fusionc.runtime.plan`; nothing is checked per call)."""
     if T == 0:
         return lambda stream, x, w, out: None
     handles, lib = _HANDLES, _cublas()
-    t, a = CUDA_R[dtype], _ONE_ZERO.ctypes.data
+    t, to, a = CUDA_R[dtype], CUDA_R[out_dtype or dtype], _ONE_ZERO.ctypes.data
     call = lib.cublasGemmEx
 
     def run(stream, x, w, out):
         h = handles.get((device, stream))
         if h is None:
             h = handle_for(device, stream)
-        _check(call(h, 1, 0, N, T, K, a, w, t, K, x, t, K, a + 4, out, t, N, 68,
+        _check(call(h, 1, 0, N, T, K, a, w, t, K, x, t, K, a + 4, out, to, N, 68,
                     _GEMM_DEFAULT), "cublasGemmEx")
     return run

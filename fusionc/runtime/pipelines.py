@@ -39,15 +39,15 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     33 rows on an H200); the library path (:func:`library_pipeline`) otherwise, when
     ``split_tokens`` is given, or when ops are left that no fused kernel takes
     (:func:`fusionc.lower.match_v2.unfused_ops`: a graph without a linear, an elementwise op
-    before a linear, a norm with other uses) and the library path runs them all
-    (``HOST_ROWWISE``; others stay on the fused pipeline, whose ``partition-units`` names
+    before a linear, a norm with other uses, an embedding) and the library path runs them all
+    (``LIBRARY_OPS``; others stay on the fused pipeline, whose ``partition-units`` names
     them). Attention graphs never take the library path: past the bucket, with host ops left,
     or where the cost table measured the library path faster (33 rows and more on an H200),
     they take the mixed path (:func:`mixed_pipeline`: GEMMs around attention units).
     The rows are ``max_batch`` or a static batch, whichever is larger."""
     from fusionc.cost.h200 import H200
     from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
-    from fusionc.ir.ops.tokens import HOST_ROWWISE
+    from fusionc.ir.ops.tokens import LIBRARY_OPS
     from fusionc.lower.match_v2 import unfused_ops
     from fusionc.passes.fold_views import fold_views
     from fusionc.passes.stream import v2_pipeline
@@ -55,7 +55,7 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     top = fused_rows(g)
     rows = _rows(g, max_batch)
     left = unfused_ops(g)   # the library runs them, or partition-units names them
-    runs = bool(left) and all(op.name in HOST_ROWWISE for op in left)
+    runs = bool(left) and all(op.name in LIBRARY_OPS for op in left)
     path = H200.v2_path(rows)
     if any(op.name == "decode_attention" for op in g.body):   # no library attention
         if _mixed_rows(rows, top) or left:

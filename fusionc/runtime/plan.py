@@ -115,7 +115,8 @@ def _gemm_step(op, env, device, index, out):
     from fusionc.runtime.library import gemm_plan
     x, w = op.operands
     T, K = x.type.concrete(env)
-    run = gemm_plan(T, K, w.type.concrete(env)[0], op.result.type.dtype.value, device)
+    run = gemm_plan(T, K, w.type.concrete(env)[0], x.type.dtype.value, device,
+                    op.result.type.dtype.value)
     ix, iw = index[x.name], index[w.name]
 
     def step(ptrs, stream):

@@ -107,6 +107,21 @@ def test_greedy_generation(case):
            f"{checked} checked, {gen.ms_per_token:.2f} ms/token")
 
 
+def test_the_whole_step_is_one_captured_graph(case):
+    """A replay alone (no host op, no library call after it) rewrites poisoned logits with the
+    step's bits: the embedding, the final norm and the LM head are inside the graph."""
+    import cupy
+    name, _, dec, _ = case
+    first = dec.step([5], [0]).get()
+    dec.logits.fill(cupy.nan)
+    dec.replay()
+    dec.stream.synchronize()
+    again = dec.logits.get()
+    record("models", f"{name} replay of the whole step", "same bits" if
+           np.array_equal(again, first) else "differs")
+    assert np.array_equal(again, first)
+
+
 def test_generate_cli(case, tmp_path, capsys):
     from fusionc.cli import main
     name, *_ = case

@@ -85,7 +85,7 @@ def test_separate_gate_and_up_weights_fold_silu_then_mul():
 
 @settings(max_examples=12, deadline=None)
 @given(graph=st.sampled_from(["swiglu", "norm_silu", "mlp", "mlp_shard", "linear", "chain",
-                              "heads"]),
+                              "heads", "lm_head"]),
        hidden=st.sampled_from([128, 256, 520, 1003]), inter=st.sampled_from([64, 200, 328]),
        dtype=st.sampled_from(["f16", "bf16", "f32"]), batch=st.integers(1, 5),
        seed=st.integers(0, 2**16), chain=st.booleans(), wide=st.booleans())

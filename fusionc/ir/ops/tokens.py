@@ -8,7 +8,8 @@ every token_split of a graph with the same attributes, and bind the symbols ``B.
 token_concat: the blocks back into ``[B, ...]`` (in order).
 
 library_call: an op run by a library instead of a fusionc kernel; ``fn = cublas_gemm`` is
-``linear`` (``y = x · wᵀ (+ bias)``, fp32 accumulation, rounded to the dtype) as one cuBLAS GEMM
+``linear`` (``y = x · wᵀ (+ bias)``, fp32 accumulation, rounded to the dtype of x or to
+``out_dtype``) as one cuBLAS GEMM
 (``cublasGemmEx``) — the GEMM-class layer for many tokens (prefill, large batches).
 """
 from __future__ import annotations
@@ -34,6 +35,8 @@ from fusionc.ir.types import FLOAT_DTYPES
 HOST_ROWWISE = frozenset({"library_call", "rms_norm", "silu_mul", "add", "mul", "silu", "cast",
                           "split", "all_reduce",
                           "all_reduce_add", "all_reduce_add_rms_norm"})
+# What the library path runs besides them: gathers of table rows by token id.
+LIBRARY_OPS = HOST_ROWWISE | frozenset({"embedding"})
 
 SPLIT_ATTRS = (
     attr("parts", POS_INT, doc="number of row blocks"),
@@ -153,5 +156,6 @@ register(OpDef("token_split", __doc__, ("x",), SPLIT_ATTRS, _infer_split,
 register(OpDef("token_concat", __doc__, ("blocks*",), (), _infer_concat,
                interpret=_run_concat, cost=io_cost, verify=_verify_concat))
 register(OpDef("library_call", __doc__, ("x", "w", "bias?"),
-               (attr("fn", enum("cublas_gemm"), doc="the library function"),), _infer_call,
+               (attr("fn", enum("cublas_gemm"), doc="the library function"), _linear.OUT_DTYPE),
+               _infer_call,
                interpret=_linear._run, cost=_linear._cost))
