@@ -12,7 +12,7 @@ from fusionc.commands.check import (  # noqa: F401  (public here: fusionc.tune, 
 _EPILOG = """\
 writes into DIR:
   <graph>.0-input.fir, <graph>.1-fuse-allreduce-norm.fir, ...  the IR after each pass
-    (lowering v2: <graph>.1-fold-views.fir ... <graph>.5-smem-plan.fir)
+    (lowering v2: <graph>.1-fold-views.fir ... <graph>.6-smem-plan.fir)
   <kernel>.cu, <kernel>.cubin                                 CUDA source and sm_90a cubin
 and prints per kernel: grid, cluster size, threads, registers, shared memory, spills; then the
 simulator check ("checking @GRAPH ..." as it starts): the lowered module run by the tile-IR

@@ -97,7 +97,8 @@ class OpDef:
             ``producer`` (run by a streamed kernel's producer warp), ``stream`` (takes part in
             the shared-memory ring protocol), ``units`` (a work-unit loop), ``accumulates``
             (updates an accumulator operand in place), ``counter`` (a grid-level counter),
-            ``elementwise`` (same-shape operands, computed per element: commutes with views).
+            ``elementwise`` (same-shape operands, computed per element: commutes with views),
+            ``communication`` (a multi-GPU collective the host runs between kernels).
     """
 
     name: str

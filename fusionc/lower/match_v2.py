@@ -48,15 +48,18 @@ def _only_use(name: str, use: dict, outputs: set) -> Op | None:
 
 
 def unfused_ops(g: Graph) -> list[Op]:
-    """The ops of graph ``g`` that are no linear and that no v2 linear kernel absorbs: what
-    ``partition-units`` refuses by name, and what sends ``fusionc.compile``'s v2 default to the
-    library path (e.g. an elementwise graph without a linear, a norm with other uses)."""
+    """The ops of graph ``g`` that are no linear, no multi-GPU collective (those run on the
+    host between the kernels) and that no v2 kernel absorbs: what ``partition-units`` refuses
+    by name, and what sends ``fusionc.compile``'s v2 default to the library path (e.g. an
+    elementwise graph without a linear, a norm with other uses)."""
     found = linear_kernels(g)
     folded = {id(o) for k in found for o in k.absorbed}
     folded |= {id(k.norm) for k in found if k.norm is not None}
     from fusionc.lower.attention_v2 import attention_cores
     folded |= {id(o) for c in attention_cores(g) for o in c.absorbed}
-    return [op for op in g.body if op.name != "linear" and id(op) not in folded]
+    from fusionc.ir.ops.comm import host_collective
+    return [op for op in g.body if op.name != "linear" and id(op) not in folded and
+            not host_collective(op)]
 
 
 def linear_kernels(g: Graph) -> list[LinearKernel]:

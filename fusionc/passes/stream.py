@@ -11,7 +11,10 @@ NAME``:
     producer waits on it (``counter_wait {slot = step, reset = exit}``). An attention block's
     core (split, views, QK-norm, RoPE, KV append, decode attention:
     :func:`fusionc.lower.attention_v2.attention_cores`) becomes one ``attn_units`` kernel
-    between the QKV and output projections. Other ops are refused by name. A batch bucket past the fused kernels' is refused
+    between the QKV and output projections. Multi-GPU collectives (``all_reduce``,
+    ``all_reduce_add``, ``all_reduce_add_rms_norm``: tensor-parallel layers, after
+    ``fuse-allreduce-norm``) stay in the graph between the kernels. Other ops are refused by
+    name. A batch bucket past the fused kernels' is refused
     by name; ``fusionc.compile``'s default takes the library path there. ``rows``: weight rows
     per tile, 64 or 128 (tensor cores: one warpgroup per 64 rows over whole chunks, so each
     activation box serves twice the weight rows).
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 
 from fusionc.errors import LoweringError, PassError
 from fusionc.ir.kernel import SMEM_LIMIT
+from fusionc.ir.ops.comm import host_collective
 from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.types import TensorType
@@ -45,7 +49,8 @@ from fusionc.passes.base import Pass, register_pass
 from fusionc.stream.ring import pad_rows, tma_rows
 
 PRODUCER_THREADS = 288   # 8 consumer warps + the producer warp (fusionc.codegen.streamed)
-V2_PIPELINE = "fold-views,partition-units{{max_batch={mb}}},stream-plan,insert-barriers,smem-plan"
+V2_PIPELINE = ("fold-views,fuse-allreduce-norm,partition-units{{max_batch={mb}}},stream-plan,"
+               "insert-barriers,smem-plan")
 
 
 CHAIN_ABOVE_ROWS = 8   # chained linears share a kernel above this batch bucket (see below)
@@ -145,6 +150,11 @@ class PartitionUnits(Pass):
                 continue
             if id(op) in folded:
                 continue
+            if host_collective(op):   # between the kernels, on the host
+                _made_before(op, made)
+                made.update(r.name for r in op.results)
+                body.append(op)
+                continue
             if op.name == "reshape":
                 raise LoweringError("a view that fold-views does not cancel", op=op.name,
                                     loc=op.loc, valid="views between a linear and the next, "
@@ -178,6 +188,16 @@ class PartitionUnits(Pass):
             kernels.append(k)
             body.append(_op("launch", ins, outs, op.loc, kernel=SymbolRef(k.name)))
         return kernels, g.replace(body=tuple(body))
+
+
+def _made_before(op: Op, made: set) -> None:
+    """LoweringError unless every operand of host op ``op`` exists when it runs (a graph input
+    or a kernel's output, not a value folded into a kernel)."""
+    for v in op.operands:
+        if v.name not in made:
+            raise LoweringError(f"%{v.name} is folded into a kernel, but read here", op=op.name,
+                                loc=op.loc, valid="values used by one kernel only, or graph "
+                                                  "inputs")
 
 
 @register_pass

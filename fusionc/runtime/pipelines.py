@@ -49,9 +49,8 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
     from fusionc.ir.ops.tokens import LIBRARY_OPS
     from fusionc.lower.match_v2 import unfused_ops
-    from fusionc.passes.fold_views import fold_views
     from fusionc.passes.stream import v2_pipeline
-    g = fold_views(g)   # the pipelines' first pass: decide on the graph it leaves
+    g = first_passes(g)   # decide on the graph the pipelines' first passes leave
     top = fused_rows(g)
     rows = _rows(g, max_batch)
     left = unfused_ops(g)   # the library runs them, or partition-units names them
@@ -99,13 +98,12 @@ def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
     """``fusionc.compile``'s lowering when none is given: ``"v2"`` (streamed kernels, the
     library path where measured faster; attention blocks as v2 linears around attention units)
     unless a v1 option is set (``cluster``, ``scheme``: the cluster kernels' choices) or the
-    graph holds what v2 does not take yet: MLA, collectives, or a decode op (rope,
+    graph holds what v2 does not take yet: MLA, or a decode op (rope,
     kv_cache_append, decode_attention) that v2 would not lower at speed (:func:`_v2_decode`).
     v2 was faster than v1 at all 24 attention points measured (BENCHMARKS.md, issue 22)."""
     if cluster != 0 or scheme != "auto":
         return "v1"
-    if any(op.name.startswith("all_reduce") or op.name == "mla_decode_attention"
-           for op in g.body):
+    if any(op.name == "mla_decode_attention" for op in g.body):
         return "v1"
     if any(op.name in _DECODE_ONLY for op in g.body) and not _v2_decode(g, max_batch):
         return "v1"
@@ -123,14 +121,22 @@ def _v2_decode(g: Graph, max_batch: int) -> bool:
     from fusionc.lower.attention_v2 import covers
     from fusionc.lower.linear_v2 import fused_rows
     from fusionc.lower.match_v2 import unfused_ops
-    from fusionc.passes.fold_views import fold_views
-    g = fold_views(g)
+    g = first_passes(g)
     if not covers(g):
         return False
     top, rows = fused_rows(g), _rows(g, max_batch)
     if top is not None and rows <= top and not unfused_ops(g):
         return True
     return _mixed_rows(rows, top) and mixed(g)
+
+
+def first_passes(g: Graph) -> Graph:
+    """``g`` after the first passes of every v2 pipeline: ``fold-views``, then
+    ``fuse-allreduce-norm`` (a tensor-parallel layer's ``rms_norm(x + all_reduce(o))`` as one
+    collective, whose normed output the next linear reads without a prologue)."""
+    from fusionc.passes.fold_views import fold_views
+    from fusionc.passes.fuse_allreduce_norm import FuseAllReduceNorm
+    return FuseAllReduceNorm().rewrite(fold_views(g))
 
 
 def _mixed_rows(rows: int, top: int | None) -> bool:
@@ -165,7 +171,7 @@ def mixed_pipeline(max_batch: int) -> str:
     """The mixed path: views folded, the attention cores as ``attn_units`` kernels
     (``attention-units``), the linears as cuBLAS GEMMs and the rest as CuPy kernels
     (``lower-library``)."""
-    return f"fold-views,attention-units{{max_batch={max_batch}}},lower-library"
+    return f"fold-views,fuse-allreduce-norm,attention-units{{max_batch={max_batch}}},lower-library"
 
 
 def _rows(g: Graph, max_batch: int) -> int:
@@ -190,4 +196,5 @@ def prefill(g: Graph, max_batch: int) -> bool:
 
 
 def _has_collectives(g: Graph) -> bool:
-    return any(op.name.startswith("all_reduce") for op in g.body)
+    from fusionc.ir.ops.comm import host_collective
+    return any(host_collective(op) for op in g.body)

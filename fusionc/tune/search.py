@@ -70,9 +70,9 @@ def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1")
         if top == MAX_BATCH_MMA:
             out.append(V2Choice("wide", True))
     if g is not None and any(op.name == "decode_attention" for op in g.body):
-        from fusionc.passes.fold_views import fold_views
+        from fusionc.runtime.pipelines import first_passes
         from fusionc.runtime.pipelines import mixed
-        return out + ([V2Choice("mixed", False)] if mixed(fold_views(g)) else [])
+        return out + ([V2Choice("mixed", False)] if mixed(first_passes(g)) else [])
     return out + [V2Choice("library", False)]
 
 

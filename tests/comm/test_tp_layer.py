@@ -57,6 +57,34 @@ def test_pipeline_puts_the_collectives_between_the_two_kernels():
               "CHECK-NEXT: launch(%y,\nCHECK-NEXT: all_reduce_add(%down_partial,")
 
 
+V2_SIZES = dict(hidden=256, heads=8, kv_heads=4, head_dim=64, intermediate=512)
+
+
+@pytest.mark.parametrize("tp,kv_heads,batch", [(2, 4, 1), (2, 2, 3), (4, 4, 2)])
+def test_on_v2_the_collectives_sit_between_the_streamed_kernels(tp, kv_heads, batch):
+    """The default lowering of a TP layer: QKV (RMSNorm prologue), the attention units, O,
+    then all_reduce_add_rms_norm, gate/up (no prologue: the collective normed), down, then
+    all_reduce_add; over simulated ranks the kernels compute what the interpreter does."""
+    from fusionc.interp.numerics import defined_relative_error
+    from fusionc.runtime.pipelines import default_lowering, v2_default_pipeline
+    sizes = dict(V2_SIZES, kv_heads=kv_heads)
+    layer = tp_layer_block(tp=tp, max_seq=16, eps=1e-5, theta=10000.0, dtype="f16", **sizes)
+    g = layer.graphs[0]
+    assert default_lowering(g, max_batch=batch) == "v2"
+    low = run_pipeline(layer, v2_default_pipeline(g, batch))
+    names = [op.name for op in low["layer"].body]
+    assert names == ["launch"] * 3 + ["all_reduce_add_rms_norm"] + ["launch"] * 2 + \
+        ["all_reduce_add"]
+    rng = np.random.default_rng(tp + batch)
+    att, mlp, ai, mi = _full(rng, batch, sizes)
+    ins = [shard_layer(ai, mi, r, tp, **{k: v for k, v in sizes.items() if k != "hidden"})
+           for r in range(tp)]
+    ref, out = fc.interpret(layer, ins), fc.simulate(low, ins)
+    for r in range(tp):
+        for a, b in zip(out[r], ref[r]):
+            assert defined_relative_error(a, b) <= 1e-2
+
+
 def test_sizes_not_divisible_by_tp_are_refused():
     with pytest.raises(ValueError, match="kv_heads = 2 is not a multiple of tp = 4"):
         tp_layer_block(tp=4, max_seq=16, eps=1e-5, theta=1e4, dtype="f16",

@@ -258,7 +258,7 @@ def test_past_the_bucket_the_mixed_path_runs_gemms_around_the_units():
     m = block(hidden=64, heads=4, kv_heads=1, head_dim=16, max_seq=40)
     g = m.graphs[0]
     pipe = v2_default_pipeline(g, 200)
-    assert pipe == "fold-views,attention-units{max_batch=200},lower-library"
+    assert pipe == "fold-views,fuse-allreduce-norm,attention-units{max_batch=200},lower-library"
     low = run_pipeline(m, pipe)
     host = low["attention"]
     assert [op.name for op in host.body] == ["rms_norm", "library_call", "launch",

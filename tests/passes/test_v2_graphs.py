@@ -352,7 +352,7 @@ def test_the_default_takes_the_library_path_past_the_fused_bucket():
     from fusionc.cost.h200 import H200
     from fusionc.runtime.pipelines import v2_default_pipeline
     m = example("graphs_v2", hidden=256, inter=200, dtype="f16")
-    assert v2_default_pipeline(m["mlp"], 32).startswith("fold-views,partition-units")
+    assert v2_default_pipeline(m["mlp"], 32).startswith("fold-views,fuse-allreduce-norm,partition-units")
     assert [H200.v2_path(r) for r in (1, 8, 32, 33, 128, 129)] == \
         ["wide", "wide", "wide", "library", "library", None]
     assert "rows=128" in v2_default_pipeline(m["mlp"], 1)
@@ -360,7 +360,7 @@ def test_the_default_takes_the_library_path_past_the_fused_bucket():
     assert v2_default_pipeline(m["mlp"], 33).endswith("lower-library")
     assert v2_default_pipeline(m["mlp"], 129).endswith("lower-library")
     f32 = v2_default_pipeline(example("graphs_v2", hidden=256, inter=200, dtype="f32")["mlp"], 16)
-    assert f32.startswith("fold-views,partition-units") and "rows=" not in f32
+    assert f32.startswith("fold-views,fuse-allreduce-norm,partition-units") and "rows=" not in f32
     low = run_pipeline(Module((m["chain"],)), v2_default_pipeline(m["chain"], 200))
     assert [op.name for op in low["chain"].body] == ["library_call", "library_call", "cast"]
     assert len(low["chain"].body[0].operands) == 3   # the bias, added by the GEMM

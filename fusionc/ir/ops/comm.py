@@ -47,10 +47,22 @@ def _run(op, args, ctx):
     return (total,)
 
 
+# multi-GPU collectives: run on the host between kernels, by fusionc's communicator
+COMM = frozenset({"communication"})
+
+
+def host_collective(op) -> bool:
+    """Whether graph op ``op`` is a multi-GPU collective (trait ``communication``): the
+    lowerings leave it in the host graph, between the kernels they make."""
+    from fusionc.ir.registry import lookup
+    d = lookup(op.name)
+    return d is not None and d.has("communication")
+
 register(OpDef("all_reduce", __doc__, ("x",),
                (attr("group", POS_INT, doc="number of ranks in the tensor-parallel group"),
                 attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl"),
-                STREAM), _infer, interpret=_run, cost=io_cost))
+                STREAM), _infer, interpret=_run, cost=io_cost,
+               traits=COMM))
 
 
 _ADD_DOC = """all_reduce_add: ``h = all_reduce(x) + residual`` as one collective (the residual add
@@ -85,7 +97,8 @@ def _run_add(op, args, ctx):
 register(OpDef("all_reduce_add", _ADD_DOC, ("x", "residual"),
                (attr("group", POS_INT, doc="number of ranks in the tensor-parallel group"),
                 attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl"),
-                STREAM), _infer_add, interpret=_run_add, cost=io_cost))
+                STREAM), _infer_add, interpret=_run_add, cost=io_cost,
+               traits=COMM))
 
 
 _FUSED_DOC = """all_reduce_add_rms_norm: ``h = all_reduce(x) + residual``,
@@ -162,4 +175,5 @@ register(OpDef("all_reduce_add_rms_norm", _FUSED_DOC, ("x", "residual", "weight"
                (attr("group", POS_INT, doc="number of ranks in the tensor-parallel group"),
                 attr("eps", FLOAT, doc="RMSNorm epsilon"),
                 attr("scope", SCOPE, "nvlink", doc="nvlink (one node, peer-to-peer) or nccl"),
-                STREAM), _infer_fused, interpret=_run_fused, cost=io_cost))
+                STREAM), _infer_fused, interpret=_run_fused, cost=io_cost,
+               traits=COMM))

@@ -265,8 +265,9 @@ def _cost(op, env):
     b = qkv.concrete(env)[0]
     s = env.get("S", kc.shape[1])
     kv = 2 * b * s * kvh * d * kc.dtype.itemsize
-    return Cost(bytes_read=qkv.nbytes(env) + kv, bytes_written=o.nbytes(env),
-                flops=4 * b * (o.shape[1] // d) * s * d)
+    g = op.attr("grid")   # per CTA, as kernel_cost counts every op (it scales by the grid)
+    return Cost(bytes_read=(qkv.nbytes(env) + kv) / g, bytes_written=o.nbytes(env) / g,
+                flops=4 * b * (o.shape[1] // d) * s * d / g)
 
 
 register(OpDef(
