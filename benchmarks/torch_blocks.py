@@ -119,3 +119,19 @@ def mla_block(x, attn_norm, w_q, w_kv_a, kv_norm, w_uk_t, w_uv, w_o, cache, posi
     o_lat = torch.bmm(p, kv[..., :latent])                              # [B, H, L]
     o = torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
     return x + o.reshape(B, -1) @ w_o.t()
+
+
+def prefill_attention_block(x, attn_norm, w_qkv, w_o, k_hf, v_hf, *, heads, kv_heads,
+                            head_dim, eps, theta, scaling=(), q_norm=None, k_norm=None):
+    """The attention block over a whole prompt of one sequence: x ``[T, hidden]`` at positions
+    0..T-1, K and V copied into the cache ``[1, kv_heads, max_seq, head_dim]`` (transformers'
+    layout), causal SDPA (FlashAttention when it applies) with GQA."""
+    t = x.shape[0]
+    pos = torch.arange(t, device=x.device)
+    q, k, v = _heads(x, attn_norm, w_qkv, pos, heads, kv_heads, head_dim, eps, theta,
+                     q_norm, k_norm, scaling)
+    k_hf[0, :, :t] = k.transpose(0, 1)
+    v_hf[0, :, :t] = v.view(t, kv_heads, head_dim).transpose(0, 1)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_hf[:, :, :t], v_hf[:, :, :t],
+                                       is_causal=True, enable_gqa=heads != kv_heads)
+    return x + o[0].transpose(0, 1).reshape(t, heads * head_dim) @ w_o.t()

@@ -8,8 +8,8 @@ from fusionc.commands.compile import positive_int
 from fusionc.errors import InputError
 
 _EPILOG = """\
-On the GPU the prompt runs through the decode step one token at a time; with --cpu it goes
-through the interpreter in chunks of up to 256 tokens. Then --max-new-tokens tokens are
+The prompt runs in chunks of up to 256 tokens (on the GPU: cuBLAS GEMMs and library attention
+kernels; with --cpu: the interpreter). Then --max-new-tokens tokens are
 generated (greedy unless --temperature > 0). Every layer's attention and MLP block is one fused
 kernel; one decode step is one CUDA graph. --tp N --cpu runs N simulated tensor-parallel ranks
 (Llama-family models), each reading its shard of the checkpoint. Prints the tokens of each

@@ -6,8 +6,9 @@ head — is one CUDA graph, captured on the first step and replayed afterwards w
 positions and KV lengths (run-time arguments; nothing recompiles).
 
 KV cache: contiguous per sequence, ``[batch, max_seq, kv_heads, head_dim]`` per layer for K and V.
-Prompt tokens run through the same decode step one at a time (no separate prefill on the GPU
-yet).
+Prompts run in chunks of up to 256 tokens (:meth:`Decoder.prefill`, ``fusionc/models/prefill.py``:
+on the GPU its attention, RoPE and cache write are library kernels and its linears cuBLAS GEMMs,
+``fusionc.runtime.library_attention``), or through the decode step one token at a time.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class Decoder:
     """
 
     DTYPES = ("f16", "bf16")
+    prefills = True   # prompts in chunks (prefill), see fusionc.models.generate
 
     def __init__(self, cfg: ModelConfig, *, batch: int = 1, max_seq: int | None = None,
                  kv_len: int | None = None, dtype: str | None = None, autotune: bool = False,
@@ -75,7 +77,7 @@ class Decoder:
             raise InputError(f"dtype {self.dtype!r}", valid=" or ".join(self.DTYPES))
         self.module = layer_module(cfg, self.max_seq, self.dtype)
         self.ends = step_ends(cfg, self.dtype)
-        self.layers = []
+        self.layers, self._chunked = [], {}
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, progress=None, **kw) -> "Decoder":
@@ -163,6 +165,75 @@ class Decoder:
                 self._graph = self._capture()
             self._graph.launch(self.stream)
         caller.wait_event(self.stream.record())      # the caller's stream sees this step's logits
+        return self.logits
+
+    def prefill(self, prompts, chunk: int | None = None):
+        """Run the prompts through the model in chunks of at most ``chunk`` new tokens
+        (default :data:`fusionc.models.prefill.CHUNK`, 256) rather than one decode step per
+        token (:mod:`fusionc.models.prefill`): sequence b gets ``prompts[b]`` (lengths may
+        differ) at positions 0, 1, ...; the KV caches hold them afterwards. Returns the logits
+        after each sequence's last prompt token, ``[batch, vocab]`` (as :meth:`step`).
+
+        Raises:
+            InputError: not one non-empty prompt per sequence, a prompt longer than max_seq,
+                ids outside the vocabulary, or a chunk < 1.
+        """
+        from fusionc.models.prefill import CHUNK, chunks, prompt_ids
+        if not self.layers:
+            raise InputError("the decoder has no weights", valid="load() them first")
+        seqs = prompt_ids(prompts, self.batch, self.max_seq, self.cfg.vocab)
+        lengths = [len(q) for q in seqs]
+        last = [None] * self.batch
+        for seq_of, pos, off in chunks(lengths, [0] * self.batch,
+                                       CHUNK if chunk is None else chunk):
+            x = self._embed(np.array([seqs[b][i] for b, i in zip(seq_of, off)], np.int32))
+            x = self._chunk_layers(x, seq_of, pos)
+            for r, (b, i) in enumerate(zip(seq_of, off)):
+                if i == lengths[b] - 1:
+                    last[b] = x[r]
+        return self._logits(self.array_module().stack(last))
+
+    def _chunk_graphs(self, rows: int) -> dict:
+        """The compiled graphs of a chunk of up to ``rows`` rows (at least 256): ``@embed``,
+        ``@attention_chunk`` and ``@mlp``, compiled on the first prefill (library paths)."""
+        import fusionc
+        from fusionc.models.prefill import CHUNK, chunk_attention_block
+        key = max(rows, CHUNK)
+        if key not in self._chunked:
+            c = self.cfg
+            attn = chunk_attention_block(
+                hidden=c.hidden, heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim,
+                max_seq=self.max_seq, eps=c.eps, theta=c.theta, dtype=self.dtype,
+                qk_norm=c.qk_norm, rope_scaling=c.rope_scaling, qkv_bias=c.qkv_bias)
+            self._chunked[key] = {"embed": fusionc.compile(self.ends, "embed", max_batch=key),
+                                  "attention": fusionc.compile(attn, max_batch=key),
+                                  "mlp": fusionc.compile(self.module, "mlp", max_batch=key)}
+        return self._chunked[key]
+
+    def _embed(self, tokens: np.ndarray):
+        """The hidden states ``[rows, hidden]`` of token ids ``tokens`` (graph ``@embed``)."""
+        import cupy
+        (x,) = self._chunk_graphs(len(tokens))["embed"](embed=self.embed,
+                                                        tokens=cupy.asarray(tokens, cupy.int32))
+        return x
+
+    def _chunk_layers(self, x, seq_of, positions):
+        """Every layer for the rows of one chunk (graphs ``@attention_chunk``, ``@mlp``); the
+        KV caches are written in place."""
+        import cupy
+        g = self._chunk_graphs(len(seq_of))
+        attn, mlp = g["attention"], g["mlp"]
+        run = {"positions": cupy.asarray(positions, cupy.int32),
+               "seq_of": cupy.asarray(seq_of, cupy.int32)}
+        for w in self.layers:
+            x, _, _ = attn(x=x, **_pick(w, attn.params, "x"), **run)
+            (x,) = mlp(x=x, **_pick(w, mlp.params, "x"))
+        return x
+
+    def _logits(self, x):
+        """Graph ``@head`` of hidden states ``[batch, hidden]`` into :attr:`logits`."""
+        self.head_graph(x=x, final_norm=self.final_norm, lm_head=self.lm_head,
+                        outputs={_out(self.head_graph): self.logits})
         return self.logits
 
     def _capture(self):

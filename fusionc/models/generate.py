@@ -1,5 +1,6 @@
-"""Token generation with a :class:`fusionc.models.decoder.Decoder`: the prompt runs through the
-decode step one token at a time, then each step's sampled token is fed back."""
+"""Token generation with a :class:`fusionc.models.decoder.Decoder`: the prompt runs in chunks
+(``decoder.prefill``) or through the decode step one token at a time, then each step's sampled
+token is fed back."""
 from __future__ import annotations
 
 import numbers
@@ -35,8 +36,8 @@ def generate(decoder, prompt, max_new_tokens: int, sampling: Sampling = Sampling
         sampling: greedy by default.
         keep_logits: also return each step's logits (host fp32 ``[batch, vocab]``, prompt steps
             included) in ``Generation.logits``.
-        prefill: the prompt in chunks (``decoder.prefill``, where ``decoder.prefills``: the CPU
-            decoder so far) rather than one decode step per token; default: chunks unless
+        prefill: the prompt in chunks (``decoder.prefill``, where ``decoder.prefills``: the GPU
+            and CPU decoders) rather than one decode step per token; default: chunks unless
             ``keep_logits`` asks for every prompt step's logits.
     Raises:
         InputError: an empty prompt, too many tokens for the KV cache, ids outside the vocab.
@@ -55,7 +56,7 @@ def generate(decoder, prompt, max_new_tokens: int, sampling: Sampling = Sampling
     if prefill and not getattr(decoder, "prefills", False):
         raise InputError(f"prefill with a {type(decoder).__name__}",
                          valid="prefill=False (this decoder steps through prompts token by "
-                               "token), or a HostDecoder")
+                               "token), or a fusionc Decoder / HostDecoder")
     t0 = time.perf_counter()
     if prefill:
         logits = decoder.prefill(list(p))

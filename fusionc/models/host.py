@@ -40,7 +40,6 @@ class HostDecoder(Decoder):
         self._setup(cfg, batch, max_seq, dtype)
         tp = int(tp)   # numpy integers too
         self.precise, self.tp = precise, tp
-        self.prefills = True   # prompts in chunks (prefill)
         if tp > 1:
             from fusionc.models.blocks import tp_layer_block
             self.module = tp_layer_block(
@@ -112,32 +111,13 @@ class HostDecoder(Decoder):
             return self._logits(self._tp_layers(x, run, self.module, "layer"))
         return self._logits(self._layers(x, run, self.module, "attention"))
 
-    def prefill(self, prompts, chunk: int | None = None) -> np.ndarray:
-        """Run the prompts through the model in chunks of at most ``chunk`` new tokens
-        (default :data:`fusionc.models.prefill.CHUNK`, 256) rather than one decode step per
-        token (:mod:`fusionc.models.prefill`): sequence b gets ``prompts[b]`` (lengths may
-        differ) at positions 0, 1, ...; the KV caches hold them afterwards. Returns the logits
-        after each sequence's last prompt token, ``[batch, vocab]`` (as :meth:`step`).
-
-        Raises:
-            InputError: not one non-empty prompt per sequence, a prompt longer than max_seq,
-                or ids outside the vocabulary.
-        """
-        from fusionc.models.prefill import CHUNK, chunks
-        if not self.layers:
-            raise InputError("the decoder has no weights", valid="load() them first")
-        seqs = _prompts(prompts, self.batch, self.max_seq, self.cfg.vocab)
-        lengths = [len(q) for q in seqs]
-        last = [None] * self.batch
-        for seq_of, pos, off in chunks(lengths, [0] * self.batch, CHUNK if chunk is None else chunk):
-            x = self._embed(np.array([seqs[b][i] for b, i in zip(seq_of, off)], np.int32))
-            run = {"positions": pos, "seq_of": seq_of}
-            x = self._tp_layers(x, run, self._chunk_module(), "layer_chunk") if self.tp > 1 \
-                else self._layers(x, run, self._chunk_module(), "attention_chunk")
-            for r, (b, i) in enumerate(zip(seq_of, off)):
-                if i == lengths[b] - 1:
-                    last[b] = x[r]
-        return self._logits(np.stack(last))
+    def _chunk_layers(self, x: np.ndarray, seq_of, positions) -> np.ndarray:
+        """Every layer for the rows of one chunk (:meth:`Decoder.prefill`), in the
+        interpreter."""
+        run = {"positions": positions, "seq_of": seq_of}
+        if self.tp > 1:
+            return self._tp_layers(x, run, self._chunk_module(), "layer_chunk")
+        return self._layers(x, run, self._chunk_module(), "attention_chunk")
 
     def _chunk_module(self):
         """``@attention_chunk`` (or with tp ``@layer_chunk``) for this model (built once)."""
@@ -210,21 +190,3 @@ class HostDecoder(Decoder):
     def replay(self) -> None:
         """Not available on the CPU (nothing is captured)."""
         raise InputError("HostDecoder has no captured step to replay", valid="step()")
-
-
-def _prompts(prompts, batch: int, max_seq: int, vocab: int) -> list[np.ndarray]:
-    """One int64 array of token ids per sequence; InputError unless there are ``batch``
-    non-empty prompts of at most ``max_seq`` ids in ``[0, vocab)``."""
-    from fusionc.models.decoder import token_ids
-    try:
-        seqs = [token_ids(q, "prompt") for q in prompts]
-    except TypeError:
-        raise InputError(f"prompts {prompts!r:.80}", valid=f"{batch} lists of token ids")
-    if len(seqs) != batch or any(not 0 < len(q) <= max_seq for q in seqs):
-        raise InputError(f"prompts of lengths {[len(q) for q in seqs]}",
-                         valid=f"{batch} prompts (one per sequence) of 1 to {max_seq} ids")
-    bad = next((b for b, q in enumerate(seqs) if q.min() < 0 or q.max() >= vocab), None)
-    if bad is not None:
-        raise InputError(f"token ids of prompt {bad}: {seqs[bad].tolist()!r:.80}",
-                         valid=f"0 <= id < {vocab}")
-    return seqs

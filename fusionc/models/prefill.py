@@ -118,3 +118,21 @@ def chunks(lengths, start, chunk: int = CHUNK):
         part = np.array(rows[c:c + chunk], np.int64).reshape(-1, 3)
         out.append((part[:, 0].astype(np.int32), part[:, 1].astype(np.int32), part[:, 2]))
     return out
+
+
+def prompt_ids(prompts, batch: int, max_seq: int, vocab: int) -> list[np.ndarray]:
+    """One int64 array of token ids per sequence; InputError unless there are ``batch``
+    non-empty prompts of at most ``max_seq`` ids in ``[0, vocab)``."""
+    from fusionc.models.decoder import token_ids
+    try:
+        seqs = [token_ids(q, "prompt") for q in prompts]
+    except TypeError:
+        raise InputError(f"prompts {prompts!r:.80}", valid=f"{batch} lists of token ids")
+    if len(seqs) != batch or any(not 0 < len(q) <= max_seq for q in seqs):
+        raise InputError(f"prompts of lengths {[len(q) for q in seqs]}",
+                         valid=f"{batch} prompts (one per sequence) of 1 to {max_seq} ids")
+    bad = next((b for b, q in enumerate(seqs) if q.min() < 0 or q.max() >= vocab), None)
+    if bad is not None:
+        raise InputError(f"token ids of prompt {bad}: {seqs[bad].tolist()!r:.80}",
+                         valid=f"0 <= id < {vocab}")
+    return seqs

@@ -218,9 +218,11 @@ def check_launches_only(host: Graph) -> None:
                 op.results[0].type.dtype.value not in ("f16", "bf16", "f32") or
                 op.name in HOST_COMPUTE and any(v.type.dtype.value not in ("f16", "bf16", "f32")
                                                 for v in op.operands) or
-                (op.name in ("rms_norm", "library_call") and op.operands[0].type.rank != 2)):
+                op.name == "library_call" and op.operands[0].type.rank != 2 or
+                op.name == "rms_norm" and op.operands[0].type.rank < 2):
             raise CompileError(f"'{op.name}' on {op.operands[0].type}", op=op.name,
-                               loc=op.loc, valid="f16, bf16 or f32 rows [T, D]")
+                               loc=op.loc, valid="f16, bf16 or f32 rows [T, D] (RMSNorm: "
+                                                 "[T, ..., D])")
     if not host.body:
         raise CompileError("the graph has no attention or MLP block to compile", op=host.name,
                            loc=host.loc, valid="a graph with decode_attention or silu_mul")

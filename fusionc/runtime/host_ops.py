@@ -81,6 +81,17 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
         if op.name == "token_concat":
             _concat(cg, op, views, objs, env, torch_mode, outputs, streams)
             return
+        if op.name == "reshape":   # heads split or merged: a view where the strides allow
+            x = views[op.operands[0].name]
+            views[op.result.name] = objs[op.result.name] = x.reshape(op.result.type.concrete(env))
+            return
+        if op.name == "kv_cache_write":   # in place: the results are the caches
+            from fusionc.runtime.library_attention import kv_cache_write
+            kv_cache_write(*(views[v.name] for v in op.operands),
+                           op.operands[0].type.dtype.value)
+            for r, a in zip(op.results, op.operands):
+                views[r.name], objs[r.name] = views[a.name], objs[a.name]
+            return
         if op.results and 0 in op.results[0].type.concrete(env):   # an empty block: skipped
             for r in op.results:
                 objs[r.name], views[r.name] = alloc(r)
@@ -127,10 +138,13 @@ def _compute(op, args: list, out, streams: Streams, temp) -> None:
     if op.name == "library_call":
         library.gemm(args[0], args[1], out, op.operands[0].type.dtype.value, *args[2:],
                      out_dtype=dt)
-    elif op.name == "rms_norm":
-        buf, ss = temp(Value("ss", TensorType(DType.f32, (args[0].shape[0], 1))))
+    elif op.name == "rms_norm":   # over the last axis: [T, D], or [T, heads, D] (QK-norm)
+        x, d = args[0], args[0].shape[-1]
+        rows = x.size // d if d else 0
+        buf, ss = temp(Value("ss", TensorType(DType.f32, (rows, 1))))
         streams.keep.append(buf)
-        library.rms_norm(args[0], args[1], op.attr("eps"), out, dt, ss)
+        library.rms_norm(x.reshape(rows, d), args[1], op.attr("eps"), out.reshape(rows, d),
+                         dt, ss)
     elif op.name == "silu_mul":
         library.silu_mul(args[0], args[1], out, dt)
     elif op.name == "add":
@@ -143,6 +157,14 @@ def _compute(op, args: list, out, streams: Streams, temp) -> None:
         library.cast(args[0], out, op.operands[0].type.dtype.value, dt)
     elif op.name == "embedding":
         library.embedding(args[0], args[1], out)
+    elif op.name == "rope":
+        from fusionc.runtime import library_attention
+        library_attention.rope(args[0], args[1], out, theta=op.attr("theta"),
+                               style=op.attr("style"), rotary_dim=op.attr("rotary_dim"),
+                               scaling=op.attr("scaling"), dtype=dt)
+    elif op.name == "chunk_attention":
+        from fusionc.runtime import library_attention
+        library_attention.chunk_attention(*args, op.attr("scale"), out, dt)
 
 
 def _concat(cg, op, views, objs, env, torch_mode, outputs, streams) -> None:

@@ -51,6 +51,8 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     from fusionc.lower.match_v2 import unfused_ops
     from fusionc.passes.stream import v2_pipeline
     g = first_passes(g)   # decide on the graph the pipelines' first passes leave
+    if _chunk(g):   # a prompt chunk's attention runs as library kernels, its linears as GEMMs
+        return library_pipeline(g, split_tokens, min_split_tokens)
     top = fused_rows(g)
     rows = _rows(g, max_batch)
     left = unfused_ops(g)   # the library runs them, or partition-units names them
@@ -105,6 +107,8 @@ def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
         return "v1"
     if any(op.name == "mla_decode_attention" for op in g.body):
         return "v1"
+    if _chunk(g):   # a prompt chunk: the library path (v2's default for it)
+        return "v2"
     if any(op.name in _DECODE_ONLY for op in g.body) and not _v2_decode(g, max_batch):
         return "v1"
     return "v2"
@@ -193,6 +197,12 @@ def prefill(g: Graph, max_batch: int) -> bool:
         return False
     from fusionc.lower.stages import find_stages
     return max_batch >= PREFILL_TOKENS or not find_stages(g)
+
+
+def _chunk(g: Graph) -> bool:
+    """Whether ``g`` attends new tokens over their sequences' caches (``chunk_attention``:
+    ``fusionc/models/prefill.py``)."""
+    return any(op.name == "chunk_attention" for op in g.body)
 
 
 def _has_collectives(g: Graph) -> bool:

@@ -36,3 +36,10 @@ def test_the_floor_reads_the_batch_rows_of_an_untied_table_only():
     t = decode.MODELS["Qwen3-4B"]   # tied: the table is read once, as the LM head
     assert decode.floor_bytes(t, 1, 1024) == \
         t.weight_bytes() + t.hidden * 2 + decode.kv_bytes(t, 1, 1024)
+
+
+def test_prefill_benchmark_arguments():
+    from benchmarks import prefill
+    a = prefill.parse([])
+    assert a.model == "Llama-3-8B" and a.prompt == (512, 2048) and a.chunk == 256
+    assert prefill.parse(["--prompt", "64", "--no-steps"]).prompt == (64,)

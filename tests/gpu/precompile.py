@@ -18,7 +18,8 @@ from tests.gpu import (common, test_attention_gpu, test_attention_v2_edges_gpu,
                        test_grid_gpu,
                        test_linear_v2_gpu,
                        test_mla_gpu,
-                       test_models_gpu, test_step_ends_gpu, test_zz_negative_control_gpu)
+                       test_models_gpu, test_prefill_gpu, test_step_ends_gpu,
+                       test_zz_negative_control_gpu)
 
 
 def _compile(item):
@@ -39,6 +40,7 @@ def main() -> int:
     test_attention_v2_gpu.precompile()
     test_attention_v2_edges_gpu.precompile()
     test_step_ends_gpu.precompile()
+    test_prefill_gpu.precompile()
     print(f"end-to-end cases and model decoders compiled in {time.time() - t0:.1f} s")
     for mod in (test_collectives_gpu, test_gemv_gpu, test_attention_gpu, test_grid_gpu,
                 test_graph_ops_gpu, test_examples_gpu, test_zz_negative_control_gpu):

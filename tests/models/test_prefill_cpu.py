@@ -144,3 +144,18 @@ def test_the_chunk_size_is_checked(model):
     assert rel(a, dec.prefill([p])) <= 1e-2
     with pytest.raises(InputError, match="a positive number of rows"):
         dec.prefill([p], chunk=0)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_on_the_gpu_a_chunk_compiles_to_library_calls(qk_norm):
+    """``fusionc.compile`` of ``@attention_chunk`` (no GPU needed): the default is v2's library
+    path — GEMMs, RMSNorm (QK-norm over [T, heads, D] too), RoPE, the cache write and the
+    attention as host ops, no kernel of fusionc's own."""
+    from fusionc.models.prefill import chunk_attention_block
+    m = chunk_attention_block(hidden=256, heads=8, kv_heads=2, head_dim=64, max_seq=64,
+                              eps=1e-5, theta=1e4, dtype="bf16", qk_norm=qk_norm)
+    cg = fc.compile(m, max_batch=256)
+    names = [op.name for op in cg.host.body]
+    assert not cg.kernels and names.count("library_call") == 2
+    assert {"rope", "kv_cache_write", "chunk_attention"} <= set(names)
+    assert names.count("rms_norm") == (3 if qk_norm else 1)

@@ -243,7 +243,7 @@ def test_default_lowering_keeps_v1_for_graphs_v2_would_not_lower():
     from fusionc.models.prefill import chunk_attention_block
     sizes = dict(hidden=128, heads=4, kv_heads=2, head_dim=32, max_seq=96)
     chunk = chunk_attention_block(eps=1e-5, theta=1e4, dtype="f16", **sizes)
-    assert default_lowering(chunk.graphs[0]) == "v1"     # rope without decode_attention
+    assert default_lowering(chunk.graphs[0]) == "v2"     # a prompt chunk: the library path
     assert default_lowering(block(head_dim=512, heads=2, kv_heads=1).graphs[0]) == "v1"
     assert default_lowering(block(head_dim=192, heads=2, kv_heads=1).graphs[0]) == "v1"
     assert default_lowering(block(head_dim=256, heads=2, kv_heads=1).graphs[0]) == "v2"

@@ -35,8 +35,10 @@ from fusionc.ir.types import FLOAT_DTYPES
 HOST_ROWWISE = frozenset({"library_call", "rms_norm", "silu_mul", "add", "mul", "silu", "cast",
                           "split", "all_reduce",
                           "all_reduce_add", "all_reduce_add_rms_norm"})
-# What the library path runs besides them: gathers of table rows by token id.
-LIBRARY_OPS = HOST_ROWWISE | frozenset({"embedding"})
+# What the library path runs besides them: gathers of table rows by token id, heads as views,
+# and a prompt chunk's RoPE, KV-cache write and attention (fusionc.runtime.library_attention).
+CHUNK_OPS = frozenset({"rope", "kv_cache_write", "chunk_attention"})
+LIBRARY_OPS = HOST_ROWWISE | CHUNK_OPS | frozenset({"embedding", "reshape"})
 
 SPLIT_ATTRS = (
     attr("parts", POS_INT, doc="number of row blocks"),
