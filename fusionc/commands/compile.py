@@ -42,7 +42,7 @@ def setup(p):
     p.add_argument("--cluster", type=int, default=0, choices=(0, 1, 2, 4, 8, 16),
                    help="cluster size (0: cost model; lowering v1)")
     p.add_argument("--scheme", default="auto", choices=("auto", "splitk", "splitn"),
-                   help="QKV (attention) and gate/up (MLP) scheme")
+                   help="QKV scheme of the attention cluster kernels (lowering v1)")
     p.add_argument("--max-batch", type=positive_int, default=None,
                    help=f"batch bucket (default {DEFAULT_MAX_BATCH})")
     p.add_argument("--passes", metavar="PIPELINE", help="pipeline string (overrides the above)")

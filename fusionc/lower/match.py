@@ -1,6 +1,7 @@
-"""Find decoder stages in a graph by dataflow: attention blocks and SwiGLU MLP blocks.
+"""Find decoder stages in a graph by dataflow: attention blocks (the cluster kernels of
+lowering v1; MLP blocks are design v2's, :mod:`fusionc.lower.match_v2`).
 
-Matching starts from an anchor op (``decode_attention``, ``silu_mul``) and follows operands
+Matching starts from an anchor op (``decode_attention``) and follows operands
 backwards and uses forwards through optional steps (RMSNorm, QK-norm, RoPE, KV append, output
 projection, residual add). Nothing depends on model names; what varies between models (GQA,
 QK-norm, head_dim, hidden ≠ heads·head_dim, no RoPE, fused or separate projections) is data in
@@ -66,23 +67,6 @@ class AttentionStage:
     def in_place(self) -> dict[str, Value]:
         """Inputs the block updates in place → the graph values they become."""
         return dict(zip((self.k_cache.name, self.v_cache.name), self.cache_outs or ()))
-
-
-@dataclass(frozen=True)
-class MLPStage:
-    """x → [RMSNorm] → gate, up projections → SiLU·mul → down projection → [+ residual].
-    x and the residual may be graph inputs or values computed before the block (e.g. by
-    another block: its launch then comes first)."""
-
-    ops: tuple[Op, ...]
-    x: Value
-    norm: Norm | None
-    gate: Rows
-    up: Rows
-    down: Value
-    residual: Value | None
-    out: Value
-    in_place = {}  # nothing updated in place
 
 
 class Dataflow:

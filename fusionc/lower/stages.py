@@ -1,24 +1,23 @@
-"""Stage matchers: attention blocks (anchor ``decode_attention``), MLP blocks (anchor
-``silu_mul``) and MLA blocks (anchor ``mla_decode_attention``, :mod:`fusionc.lower.match_mla`).
-See :mod:`fusionc.lower.match` for the stage descriptions."""
+"""Stage matchers of the cluster kernels (lowering v1): attention blocks (anchor
+``decode_attention``) and MLA blocks (anchor ``mla_decode_attention``,
+:mod:`fusionc.lower.match_mla`). See :mod:`fusionc.lower.match` for the stage descriptions.
+MLP blocks and other linears are design v2's (:mod:`fusionc.lower.match_v2`)."""
 from __future__ import annotations
 
 from fusionc.errors import LoweringError
 from fusionc.ir.nodes import Graph, Op, Value
 from fusionc.lower.match_mla import match_mla
-from fusionc.lower.match import (AttentionStage, Dataflow, MLPStage, Norm, input_norm,
-                                 projection, residual_tail)
+from fusionc.lower.match import (AttentionStage, Dataflow, Norm, input_norm, projection,
+                                 residual_tail)
 
 
 def find_stages(g: Graph) -> list:
-    """Every attention, MLP and MLA stage of ``g``, in program order."""
+    """Every attention and MLA stage of ``g``, in program order."""
     df = Dataflow(g)
     out = []
     for op in g.body:
         if op.name == "decode_attention":
             out.append(match_attention(df, op))
-        elif op.name == "silu_mul":
-            out.append(match_mlp(df, op))
         elif op.name == "mla_decode_attention":
             out.append(match_mla(df, op))
     return out
@@ -113,41 +112,6 @@ def _check_rope(att: Op, qrope, krope, v_changed: bool, other_positions: list,
                             f"%{positions.name}", op=att.name, loc=att.loc,
                             valid="one positions input for rope(q), rope(k) and "
                                   "kv_cache_append (the new token's position)")
-
-
-def _down_projection(df: Dataflow, act: Op) -> Op:
-    """The linear that alone uses the silu_mul result; LoweringError saying why not."""
-    users = df.uses.get(act.result.name, [])
-    returned = any(o.name == act.result.name for o in df.graph.outputs)
-    down = df.sole_use(act.result, "linear")
-    if down is not None and len(down.operands) == 2:
-        return down
-    if returned or len(users) > 1:
-        n = len({id(u) for u in users})
-        what = "returned" if returned else f"used by {n} ops"
-        raise LoweringError(f"the SiLU·mul result %{act.result.name} is {what}; the fused "
-                            "MLP keeps it on chip", op=act.name, loc=act.loc,
-                            valid="its only use the down projection linear(act, w_down); "
-                                  "return the block's output")
-    raise LoweringError("SiLU·mul is not followed by a down projection", op=act.name,
-                        loc=act.loc, valid="linear(silu_mul(gate, up), w_down)")
-
-
-def match_mlp(df: Dataflow, act: Op) -> MLPStage:
-    """The MLPStage around ``act`` (a silu_mul op); LoweringError when it is not a SwiGLU MLP block.
-    """
-    gate, up = act.operands
-    grows, hg, gops = projection(df, gate, act)
-    urows, hu, uops = projection(df, up, act)
-    if hg.name != hu.name:
-        raise LoweringError("gate and up are projected from different inputs", op=act.name,
-                            loc=act.loc, valid="one normalized hidden state h")
-    x, norm, nops = input_norm(df, hg, act)
-    down = _down_projection(df, act)
-    wd = df.param(down.operands[1], "down projection weight", down)
-    residual, out, rops = residual_tail(df, down.result)
-    ops = [act, down] + gops + uops + nops + rops
-    return MLPStage(tuple(_unique(ops)), x, norm, grows, urows, wd, residual, out)
 
 
 def _unique(ops: list[Op]) -> list[Op]:

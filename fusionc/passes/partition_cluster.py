@@ -1,18 +1,20 @@
-"""Pass ``partition-cluster``: lower attention and MLP blocks of graph IR to cluster kernels.
+"""Pass ``partition-cluster``: lower attention and MLA blocks of graph IR to cluster kernels
+(lowering v1).
 
 Configurations are enumerated, lowered, and kept only if code generation can realize them
 (shared memory as actually laid out); the cost model picks the cheapest.
 
-Every attention block (found from its ``decode_attention``) and SwiGLU MLP block (from its
-``silu_mul``) of each graph becomes one tile-IR ``kernel`` item (see :mod:`fusionc.lower`), and
-the block's ops in the graph are replaced by one ``launch`` whose results take the names of the
-block's outputs (the new hidden state, the updated KV caches). Ops outside any block stay in the
-graph (``all_reduce``, for instance, is lowered by later passes).
+Every attention block (found from its ``decode_attention``) and MLA block (from its
+``mla_decode_attention``) of each graph becomes one tile-IR ``kernel`` item (see
+:mod:`fusionc.lower`), and the block's ops in the graph are replaced by one ``launch`` whose
+results take the names of the block's outputs (the new hidden state, the updated KV caches).
+Ops outside any block stay in the graph: MLP blocks and other linears for ``partition-units``
+(design v2's streamed kernels, the rest of v1's pipeline), ``all_reduce`` for the host.
 
 Options:
     size: cluster size C (1, 2, 4, 8, 16); 0 lets the cost model choose per block.
     scheme: ``splitk``, ``splitn`` or ``auto``: the QKV projection scheme of attention blocks
-        and the gate/up scheme of MLP blocks (see :mod:`fusionc.lower.attention`, ``.mlp``).
+        (see :mod:`fusionc.lower.attention`).
     batch, kv_len: the batch and KV length the cost model plans for.
     max_batch: largest batch the kernels are sized for (shared memory); a compile-time bucket.
     group: heads per cluster of MLA blocks (see :mod:`fusionc.lower.mla`); 0 lets the cost
@@ -32,10 +34,9 @@ from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.verifier import verify_graph
 from fusionc.lower.attention import lower_attention
-from fusionc.lower.match import AttentionStage, MLPStage
+from fusionc.lower.match import AttentionStage
 from fusionc.lower.match_mla import MLAStage
 from fusionc.lower.mla import lower_mla
-from fusionc.lower.mlp import lower_mlp
 from fusionc.lower.stages import find_stages
 from fusionc.passes.base import Pass, register_pass
 
@@ -133,50 +134,23 @@ class PartitionCluster(Pass):
     def no_config(self, st) -> LoweringError:
         """Why ``st`` has no candidate configuration, suggesting only what was not tried."""
         search = "" if self.size == 0 else ", or size=0 to search every cluster size"
-        if isinstance(st, MLPStage):
-            inter, sizes = st.gate.rows, SIZES if self.size == 0 else (self.size,)
-            fit = -(-inter // 128) * 128
-            return LoweringError(
-                f"intermediate {inter} splits over no grid of clusters of "
-                f"{', '.join(map(str, sizes))} CTAs "
-                f"({'splitn or splitk' if self.scheme == 'auto' else self.scheme})", op=self.name,
-                loc=st.ops[0].loc, valid=f"an intermediate size that is a multiple of 128, "
-                f"e.g. {fit}{search}")
         return LoweringError("no cluster configuration divides this block's sizes",
                              op=self.name, loc=st.ops[0].loc,
                              valid="other sizes" + (search or " (every cluster size was tried)"))
 
     def configs(self, st):
-        """Candidate configurations of a stage: (cluster size, scheme) for attention, (cluster size,
-        heads per cluster, grid: the head groups or every resident cluster) for MLA, (cluster size,
-        grid, scheme) for MLP.
-        """
+        """Candidate configurations of a stage: (cluster size, scheme) for attention, (cluster
+        size, heads per cluster, grid: the head groups or every resident cluster) for MLA."""
         sizes = SIZES if self.size == 0 else (self.size,)
         if isinstance(st, AttentionStage):
             schemes = ("splitk", "splitn") if self.scheme == "auto" else (self.scheme,)
             return [(c, s) for c in sizes for s in schemes]
-        if isinstance(st, MLAStage):   # (cluster size, heads per cluster, clusters)
-            groups = SIZES if self.group == 0 else (self.group,)
-            return [(c, g, grid) for c in sizes for g in groups if st.heads % g == 0
-                    for grid in (sorted({st.heads // g, H200.resident_clusters.get(c, 0)})
-                                 if self.grid == 0 else (self.grid,))
-                    if self.grid or grid >= st.heads // g]
-        inter = st.gate.rows
-        splitn = [(c, grid, "splitn") for c in sizes for grid in range(1, 4 * 132 // c + 1)
-                  if inter % (grid * c) == 0 and grid * c >= min(66, inter // 8)
-                  or (self.size and inter % (grid * c) == 0 and grid * c * 8 >= inter)]
-        splitk = [(c, grid, "splitk") for c in sizes for grid in range(1, 264 // c + 1)
-                  if inter % grid == 0 and grid * c >= min(66, inter // 8)]
-        # The down projection's K per cluster (inter / grid) in whole 16-byte vectors, where
-        # some configuration allows it: scalar weight loads run at a fraction of the bandwidth
-        # (Llama-2-7B at 64 clusters of 2: 142 µs against 89, H200, 2026-11-30).
-        vec = 16 // st.down.type.dtype.itemsize
-        aligned = [cfg for cfg in splitn + splitk if (inter // cfg[1]) % vec == 0]
-        if aligned and self.size == 0:
-            splitn, splitk = ([c for c in aligned if c[2] == s] for s in ("splitn", "splitk"))
-        if self.scheme in ("splitk", "splitn"):
-            return splitk if self.scheme == "splitk" else splitn
-        return splitn + splitk
+        # MLA: (cluster size, heads per cluster, clusters)
+        groups = SIZES if self.group == 0 else (self.group,)
+        return [(c, g, grid) for c in sizes for g in groups if st.heads % g == 0
+                for grid in (sorted({st.heads // g, H200.resident_clusters.get(c, 0)})
+                             if self.grid == 0 else (self.grid,))
+                if self.grid or grid >= st.heads // g]
 
     def lower(self, st, name, size, *extra) -> Graph:
         """The tile-IR kernel of ``st`` for one configuration (LoweringError if sizes do not
@@ -184,11 +158,8 @@ class PartitionCluster(Pass):
         """
         if isinstance(st, AttentionStage):
             return lower_attention(st, name, size, *extra, self.max_batch)
-        if isinstance(st, MLAStage):
-            group, grid = extra
-            return lower_mla(st, name, size, group, self.max_batch, grid)
-        grid, scheme = extra
-        return lower_mlp(st, name, size, grid, self.max_batch, scheme)
+        group, grid = extra
+        return lower_mla(st, name, size, group, self.max_batch, grid)
 
 
 def _ctas(st, cfg) -> int:

@@ -20,18 +20,24 @@ from fusionc.ir.printer import print_module
 from fusionc.ir.verifier import verify_module
 from fusionc.passes.base import PASSES, Pass
 
-DEFAULT_PIPELINE = "fuse-allreduce-norm,partition-cluster,fuse"
+DEFAULT_PIPELINE = ("fuse-allreduce-norm,partition-cluster,fuse,partition-units,stream-plan,"
+                    "insert-barriers,smem-plan")
 
 
 def default_pipeline(cluster: int = 0, scheme: str = "auto", max_batch: int = 8,
                      kv_len: int | None = None) -> str:
-    """The pipeline of ``fusionc.compile`` and ``fusionc compile``: fuse the tensor-parallel
-    collectives with their residual add and RMSNorm, partition the blocks over clusters
-    (``cluster`` 0: the cost model's size), fuse launches."""
+    """Lowering v1's pipeline (``fusionc.compile`` with ``lowering="v1"``, ``cluster`` or
+    ``scheme``): fuse the tensor-parallel collectives with their residual add and RMSNorm,
+    partition the attention and MLA blocks over clusters (``cluster`` 0: the cost model's
+    size), fuse launches, then design v2's streamed kernels for the linears left (MLP blocks:
+    ``partition-units`` and the passes after it, :func:`fusionc.passes.stream.v2_pipeline`)."""
     plan = f"size={cluster},scheme={scheme}"
     if kv_len is not None:
         plan += f",batch={max_batch},kv_len={kv_len}"
-    return f"fuse-allreduce-norm,partition-cluster{{{plan},max_batch={max_batch}}},fuse"
+    from fusionc.passes.stream import v2_pipeline
+    units = v2_pipeline(max_batch)
+    units = units[units.index("partition-units"):]   # as v2 chains them at this batch
+    return f"fuse-allreduce-norm,partition-cluster{{{plan},max_batch={max_batch}}},fuse,{units}"
 
 _GRAMMAR = r"""
 start: step ("," step)*

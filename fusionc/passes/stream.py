@@ -11,7 +11,9 @@ NAME``:
     producer waits on it (``counter_wait {slot = step, reset = exit}``). An attention block's
     core (split, views, QK-norm, RoPE, KV append, decode attention:
     :func:`fusionc.lower.attention_v2.attention_cores`) becomes one ``attn_units`` kernel
-    between the QKV and output projections. Multi-GPU collectives (``all_reduce``,
+    between the QKV and output projections. Launches of cluster kernels (lowering v1's
+    ``partition-cluster``: attention, MLA) stay as they are, so v1's pipeline ends with these
+    passes for the linears it leaves. Multi-GPU collectives (``all_reduce``,
     ``all_reduce_add``, ``all_reduce_add_rms_norm``: tensor-parallel layers, after
     ``fuse-allreduce-norm``) stay in the graph between the kernels. Other ops are refused by
     name. A batch bucket past the fused kernels' is refused
@@ -140,8 +142,14 @@ class PartitionUnits(Pass):
         kernels, body = [], []
         for i, op in enumerate(g.body):
             if op.name == "launch":
-                raise PassError("the graph is already lowered (it launches kernels)",
-                                op=self.name, loc=op.loc, valid="partition-units once, on graph IR")
+                if _units(module[op.attr("kernel").name]) is not None:
+                    raise PassError("the graph is already lowered (it launches streamed "
+                                    "kernels)",
+                                    op=self.name, loc=op.loc,
+                                    valid="partition-units once, on graph IR")
+                made.update(r.name for r in op.results)   # a cluster kernel (lowering v1)
+                body.append(op)
+                continue
             if id(op) in cores:
                 k, launch = core_kernel(cores[id(op)], kernel_name(g, i, module), made,
                                         self.max_batch)

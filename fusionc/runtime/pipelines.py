@@ -191,12 +191,23 @@ _DECODE_ONLY = ("decode_attention", "kv_cache_append", "mla_decode_attention", "
 
 
 def prefill(g: Graph, max_batch: int) -> bool:
-    """No attention, and many tokens or no block the decode kernels fuse (e.g. a lone output
-    projection): the library (GEMM) lowering instead of the decode kernels."""
+    """Lowering v1's choice of the library (GEMM) path over its pipeline for a graph without
+    attention: many tokens, or no cluster-kernel block and linears that v2's streamed kernels
+    (the end of v1's pipeline) do not all take at this batch (past their bucket, ops left that
+    none absorbs, no linear at all)."""
     if any(op.name in _DECODE_ONLY for op in g.body):
         return False
+    from fusionc.lower.linear_v2 import fused_rows
+    from fusionc.lower.match_v2 import unfused_ops
     from fusionc.lower.stages import find_stages
-    return max_batch >= PREFILL_TOKENS or not find_stages(g)
+    from fusionc.passes.fuse_allreduce_norm import FuseAllReduceNorm
+    if max_batch >= PREFILL_TOKENS:
+        return True
+    if find_stages(g):
+        return False
+    g = FuseAllReduceNorm().rewrite(g)
+    top = fused_rows(g)
+    return top is None or _rows(g, max_batch) > top or bool(unfused_ops(g))
 
 
 def _chunk(g: Graph) -> bool:

@@ -54,7 +54,7 @@ class V2Choice:
 
 
 def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1") -> list:
-    """Lowering v1: cluster sizes x QKV/gate-up schemes x gemv loads in flight. Lowering v2:
+    """Lowering v1: cluster sizes x QKV schemes x gemv loads in flight. Lowering v2:
     the paths that can realize ``g`` at ``max_batch`` rows (fused up to its bucket, 128-row
     tiles where every linear is on tensor cores, the library path unless the graph attends:
     the library has no attention; an attending graph has the mixed path instead, GEMMs around

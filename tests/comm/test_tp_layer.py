@@ -49,12 +49,13 @@ def test_sharded_layer_equals_single_gpu_layer(tp, kv_heads, batch):
 
 def test_pipeline_puts_the_collectives_between_the_two_kernels():
     layer = tp_layer_block(tp=2, max_seq=16, eps=1e-5, theta=10000.0, dtype="f16", **SIZES)
-    out = run_pipeline(layer, "fuse-allreduce-norm,partition-cluster{size=2,scheme=auto,"
-                              "batch=4,kv_len=16,max_batch=4},fuse")
+    from fusionc.passes.pipeline import default_pipeline
+    out = run_pipeline(layer, default_pipeline(2, "auto", 4, 16))   # lowering v1
     filecheck(print_module(fc.ir.Module((out["layer"],))),
               "CHECK: launch(%x,\nCHECK-SAME: {kernel = @layer_k0}\n"
               "CHECK-NEXT: all_reduce_add_rms_norm(%o_partial, %x, %mlp_norm) {group = 2\n"
-              "CHECK-NEXT: launch(%y,\nCHECK-NEXT: all_reduce_add(%down_partial,")
+              "CHECK-NEXT: launch(%y,\nCHECK-NEXT: launch(%act,\n"
+              "CHECK-NEXT: all_reduce_add(%down_partial,")
 
 
 V2_SIZES = dict(hidden=256, heads=8, kv_heads=4, head_dim=64, intermediate=512)

@@ -1,4 +1,5 @@
-"""fuse: independent launches merge into one kernel; dependent ones keep their boundary."""
+"""fuse: independent launches of cluster kernels (attention blocks) merge into one kernel;
+dependent ones keep their boundary."""
 import numpy as np
 
 import fusionc as fc
@@ -9,25 +10,38 @@ from fusionc.passes import run_pipeline
 from fusionc.sim import simulate
 from tests.passes.graphs import inputs, rel_err
 
-H, I = 64, 128
+H, HEADS, D, S = 64, 2, 32, 16
+QKV = 3 * HEADS * D
+CACHE = fc.f16["B", S, HEADS, D]
 
 
-def _mlp(x, norm, w_gu, w_down, tag):
-    h = fc.rms_norm(x, norm, 1e-5, name=f"h{tag}")
-    gate, up = fc.split(fc.linear(h, w_gu), [I, I])
-    return x + fc.linear(fc.silu_mul(gate, up), w_down)
+def _attn(x, norm, w_qkv, w_o, kc, vc, pos, lens, residual=False):
+    """An attention block (cluster kernels: lowering v1's remaining blocks); ``residual``: the
+    normalized h as the residual (from inside the block)."""
+    h = fc.rms_norm(x, norm, 1e-5)
+    q, k, v = (fc.split_heads(t, HEADS) for t in fc.split(fc.linear(h, w_qkv), [HEADS * D] * 3))
+    q, k = fc.rope(q, pos, 1e4), fc.rope(k, pos, 1e4)
+    kc, vc = fc.kv_cache_append(kc, vc, k, v, pos)
+    o = fc.decode_attention(q, kc, vc, lens, D ** -0.5)
+    return (h if residual else x) + fc.linear(fc.merge_heads(o), w_o), kc, vc
 
 
 @fc.graph
-def two_mlps(x: fc.f16["B", H], n1: fc.f16[H], g1: fc.f16[2 * I, H], d1: fc.f16[H, I],
-             n2: fc.f16[H], g2: fc.f16[2 * I, H], d2: fc.f16[H, I]):
-    return _mlp(x, n1, g1, d1, 1), _mlp(x, n2, g2, d2, 2)  # both read x only: independent
+def two_blocks(x: fc.f16["B", H], n1: fc.f16[H], q1: fc.f16[QKV, H], o1: fc.f16[H, HEADS * D],
+               k1: CACHE, v1: CACHE, n2: fc.f16[H], q2: fc.f16[QKV, H],
+               o2: fc.f16[H, HEADS * D], k2: CACHE, v2: CACHE, positions: fc.i32["B"],
+               seq_lens: fc.i32["B"]):
+    a = _attn(x, n1, q1, o1, k1, v1, positions, seq_lens)
+    b = _attn(x, n2, q2, o2, k2, v2, positions, seq_lens)   # both read x only: independent
+    return a + b
 
 
 @fc.graph
-def chained(x: fc.f16["B", H], n1: fc.f16[H], g1: fc.f16[2 * I, H], d1: fc.f16[H, I],
-            n2: fc.f16[H], g2: fc.f16[2 * I, H], d2: fc.f16[H, I]):
-    return _mlp(_mlp(x, n1, g1, d1, 1), n2, g2, d2, 2)  # the second reads the first's output
+def chained(x: fc.f16["B", H], n1: fc.f16[H], q1: fc.f16[QKV, H], o1: fc.f16[H, HEADS * D],
+            k1: CACHE, v1: CACHE, n2: fc.f16[H], q2: fc.f16[QKV, H], o2: fc.f16[H, HEADS * D],
+            k2: CACHE, v2: CACHE, positions: fc.i32["B"], seq_lens: fc.i32["B"]):
+    y, ka, va = _attn(x, n1, q1, o1, k1, v1, positions, seq_lens)
+    return (y, ka, va) + _attn(y, n2, q2, o2, k2, v2, positions, seq_lens)  # reads y
 
 
 def _check(module, pipeline):
@@ -40,11 +54,11 @@ def _check(module, pipeline):
 
 
 def test_independent_launches_merge():
-    text = _check(two_mlps, "partition-cluster{size=2,scheme=splitn},fuse")
+    text = _check(two_blocks, "partition-cluster{size=2,scheme=splitn},fuse")
     filecheck(text, """
-        CHECK: kernel @two_mlps_k0_two_mlps_k1
-        CHECK: graph @two_mlps
-        CHECK-NEXT: launch({{.*}}) {kernel = @two_mlps_k0_two_mlps_k1}
+        CHECK: kernel @two_blocks_k0_two_blocks_k1
+        CHECK: graph @two_blocks
+        CHECK-NEXT: launch({{.*}}) {kernel = @two_blocks_k0_two_blocks_k1}
         CHECK-NOT: launch
     """)
 
@@ -63,10 +77,9 @@ def test_residual_from_inside_the_block_is_refused():
     from fusionc.errors import LoweringError
 
     @fc.graph
-    def odd(x: fc.f16["B", H], n1: fc.f16[H], g1: fc.f16[2 * I, H], d1: fc.f16[H, I]):
-        h = fc.rms_norm(x, n1, 1e-5)
-        gate, up = fc.split(fc.linear(h, g1), [I, I])
-        return h + fc.linear(fc.silu_mul(gate, up), d1)  # residual = the normalized h
+    def odd(x: fc.f16["B", H], n1: fc.f16[H], q1: fc.f16[QKV, H], o1: fc.f16[H, HEADS * D],
+            k1: CACHE, v1: CACHE, positions: fc.i32["B"], seq_lens: fc.i32["B"]):
+        return _attn(x, n1, q1, o1, k1, v1, positions, seq_lens, residual=True)
 
     with pytest.raises(LoweringError, match="needs %.* from inside itself"):
         run_pipeline(odd, "partition-cluster{size=2}")

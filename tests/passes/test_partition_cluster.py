@@ -171,10 +171,9 @@ def test_llama2_golden_ir():
         CHECK: grid_reduce
         CHECK: graph @attention
         CHECK-NEXT: launch
-        CHECK: kernel @mlp_k0
-        CHECK: silu_mul
-        CHECK: grid_reduce
-    """,
+        CHECK: graph @mlp
+        CHECK-NEXT: rms_norm
+    """,   # the MLP is left to partition-units (design v2's linears)
     )
 
 
@@ -201,7 +200,7 @@ def test_cost_model_chooses_a_configuration():
         "partition-cluster",
     )
     kernels = [g for g in low.graphs if g.kind == "kernel"]
-    assert [k.name for k in kernels] == ["attention_k0", "mlp_k0"]
+    assert [k.name for k in kernels] == ["attention_k0"]   # the MLP: partition-units
     assert all(k.attr("cluster") in (1, 2, 4, 8, 16) for k in kernels)
 
 
@@ -235,30 +234,11 @@ def test_cluster_size_that_cannot_divide_is_explained():
     assert "valid" in str(e.value)
 
 
-def test_mlp_batch_16_fits_with_split_k():
-    """At batch 16 all of x and h no longer fit in shared memory: split-K gate/up does."""
-    m = example("llama2_7b")
-    low = run_pipeline(Module((m["mlp"],)), "partition-cluster{max_batch=16},fuse")
-    filecheck(print_module(low), """
-        CHECK: kernel @mlp_k0
-        CHECK: reduce({{%\\w+}}) {op = sumsq
-        CHECK: norm_apply
-        CHECK: concat
-        CHECK: cluster_reduce
-        CHECK: silu_mul
-        CHECK: grid_reduce
-    """)
-
-
-def test_mlp_configs_keep_the_down_projection_in_16_byte_vectors():
-    """Llama-2-7B's intermediate 11008 = 2^8 x 43: 64 clusters (172 columns each) would leave
-    the down projection on scalar loads; the cost model sees only aligned configurations, and
-    a size fixed by the user still gets every one."""
-    from fusionc.lower.stages import find_stages
-    from fusionc.passes.partition_cluster import PartitionCluster
-    m = example("llama2_7b", hidden=4096, intermediate=11008)
-    (st,) = find_stages(m["mlp"])
-    cfgs = PartitionCluster(max_batch=1).configs(st)
-    assert cfgs and all((11008 // grid) % 8 == 0 for _, grid, _ in cfgs)
-    assert (2, 64, "splitn") not in cfgs
-    assert (2, 64, "splitn") in PartitionCluster(size=2, max_batch=1).configs(st)
+def test_an_mlp_is_left_to_partition_units():
+    """v1 has no MLP kernel of its own: partition-cluster leaves the block, its pipeline's
+    partition-units makes design v2's streamed kernels of it."""
+    from fusionc.passes.pipeline import default_pipeline
+    m = Module((example("llama2_7b")["mlp"],))
+    assert run_pipeline(m, "partition-cluster{max_batch=16},fuse") == m
+    low = run_pipeline(m, default_pipeline(max_batch=16))
+    assert [op.name for op in low["mlp"].body] == ["launch"]   # chained above 8 rows

@@ -70,9 +70,10 @@ def test_fp32_logits_are_the_sums_unrounded():
        wide=st.booleans(), seed=st.integers(0, 2**16))
 def test_the_head_kernel_simulates_like_the_interpreter(vocab, hidden, dtype, batch, wide, seed):
     """The RMSNorm prologue and an f32 flush without a rounding step, 64- or 128-row tiles:
-    within one unit roundoff of the dtype of the interpreter (the f16 prologue rounds x·r
-    before the gain, ``fusionc.stream.epilogue.norm_activations``; the logits are not
-    rounded)."""
+    within a few unit roundoffs of the dtype of the interpreter: the f16 prologue rounds x·r
+    before the gain (``fusionc.stream.epilogue.norm_activations``), so a normed element may
+    differ by one ulp (2u relative) and the logits carry that through the random weights;
+    the logits themselves are not rounded."""
     from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
     m = ends(vocab, hidden, dtype)
     g = Module((m["head"],))
@@ -84,7 +85,7 @@ def test_the_head_kernel_simulates_like_the_interpreter(vocab, hidden, dtype, ba
     ref, = interpret(g, args)
     out, = simulate(low, args)
     assert out.dtype == np.float32
-    assert rel_err(out, ref) <= 2.0 ** (-9 if dtype == "bf16" else -11)
+    assert rel_err(out, ref) <= 4 * 2.0 ** (-9 if dtype == "bf16" else -11)
 
 
 @pytest.mark.parametrize("vocab, hidden, mb", [(128256, 4096, 1), (151936, 2560, 16),
@@ -113,13 +114,17 @@ def test_the_embedding_takes_the_library_path():
 
 
 def test_lowering_v1_names_an_out_dtype_inside_a_block():
+    """An attention block whose output projection makes fp32: the cluster kernel keeps one
+    dtype through the block."""
     T = fc.f16
 
     @fc.graph
-    def mlp(x: T["B", 64], g: T[64], w_gu: T[256, 64], w_d: T[64, 128]):
-        h = fc.rms_norm(x, g, 1e-5)
-        gate, up = fc.split(fc.linear(h, w_gu), [128, 128])
-        return fc.linear(fc.silu_mul(gate, up), w_d, out_dtype=fc.f32)
+    def att(x: T["B", 64], w_qkv: T[192, 64], w_o: T[64, 64], k_cache: T["B", 16, 2, 32],
+            v_cache: T["B", 16, 2, 32], positions: fc.i32["B"], seq_lens: fc.i32["B"]):
+        q, k, v = (fc.split_heads(t, 2) for t in fc.split(fc.linear(x, w_qkv), [64] * 3))
+        kc, vc = fc.kv_cache_append(k_cache, v_cache, k, v, positions)
+        o = fc.decode_attention(q, kc, vc, seq_lens, 32 ** -0.5)
+        return fc.linear(fc.merge_heads(o), w_o, out_dtype=fc.f32), kc, vc
 
     with pytest.raises(LoweringError, match="out_dtype f32.*valid.*lowering v2"):
-        fc.compile(mlp, max_batch=1, lowering="v1")
+        fc.compile(att, max_batch=1, lowering="v1")

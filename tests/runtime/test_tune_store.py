@@ -33,7 +33,8 @@ def test_store_round_trip_and_keys(tmp_store):
 
 
 def test_compile_uses_the_stored_choice(tmp_store):
-    g = _mlp()
+    """Lowering v1's choice (cluster size, scheme) of its cluster kernel: the attention block."""
+    g = example("llama2_7b", hidden=256, heads=2, head_dim=128, intermediate=512)["attention"]
     default = fusionc.compile(g, max_batch=4, lowering="v1")
     c0 = next(iter(default.kernels.values())).source.cluster
     choice = 2 if c0 != 2 else 4
