@@ -191,6 +191,10 @@ def _bind(p: Value, arr: np.ndarray, env: dict[str, int], g: Graph) -> None:
 
 def _convert(arr: np.ndarray, t: TensorType, precise: bool) -> np.ndarray:
     if not t.dtype.is_float:
+        info = np.iinfo(t.dtype.numpy)
+        if arr.size and arr.dtype.kind in "iu" and (arr.min() < info.min or arr.max() > info.max):
+            raise InputError(f"integers from {arr.min()} to {arr.max()} for {t}",
+                             valid=f"{t.dtype.value} values, {info.min} to {info.max}")
         return arr.astype(t.dtype.numpy)
     stored = round_to(arr, t.dtype)
     return stored.astype(np.float64) if precise else stored

@@ -137,6 +137,11 @@ def step_ends(cfg, dtype: str | None = None) -> Module:
       head with fp32 sums unrounded (``out_dtype = f32``). Tied embeddings pass the embedding
       table as ``lm_head``.
     """
+    from fusionc.errors import InputError
+    from fusionc.models.config import ModelConfig
+    if not isinstance(cfg, ModelConfig):
+        raise InputError(f"step_ends({cfg!r:.60})", valid="a fusionc.models.ModelConfig "
+                         "(fusionc.models.load_config)")
     T = fc.dtype(dtype or cfg.dtype)
     hidden, vocab = cfg.hidden, cfg.vocab
 

@@ -186,19 +186,21 @@ class Decoder:
         last = [None] * self.batch
         for seq_of, pos, off in chunks(lengths, [0] * self.batch,
                                        CHUNK if chunk is None else chunk):
-            x = self._embed(np.array([seqs[b][i] for b, i in zip(seq_of, off)], np.int32))
-            x = self._chunk_layers(x, seq_of, pos)
+            x = self._embed(np.array([seqs[b][i] for b, i in zip(seq_of, off)], np.int32),
+                            chunk)
+            x = self._chunk_layers(x, seq_of, pos, chunk)
             for r, (b, i) in enumerate(zip(seq_of, off)):
                 if i == lengths[b] - 1:
                     last[b] = x[r]
         return self._logits(self.array_module().stack(last))
 
-    def _chunk_graphs(self, rows: int) -> dict:
-        """The compiled graphs of a chunk of up to ``rows`` rows (at least 256): ``@embed``,
-        ``@attention_chunk`` and ``@mlp``, compiled on the first prefill (library paths)."""
+    def _chunk_graphs(self, chunk: int | None) -> dict:
+        """The compiled graphs of chunks of up to ``chunk`` rows (buckets of at least 256, and
+        at least the batch: the caches' rows): ``@embed``, ``@attention_chunk`` and ``@mlp``,
+        compiled on the first prefill (library paths)."""
         import fusionc
         from fusionc.models.prefill import CHUNK, chunk_attention_block
-        key = max(rows, CHUNK)
+        key = max(chunk or CHUNK, CHUNK, self.batch)
         if key not in self._chunked:
             c = self.cfg
             attn = chunk_attention_block(
@@ -210,18 +212,18 @@ class Decoder:
                                   "mlp": fusionc.compile(self.module, "mlp", max_batch=key)}
         return self._chunked[key]
 
-    def _embed(self, tokens: np.ndarray):
+    def _embed(self, tokens: np.ndarray, chunk: int | None = None):
         """The hidden states ``[rows, hidden]`` of token ids ``tokens`` (graph ``@embed``)."""
         import cupy
-        (x,) = self._chunk_graphs(len(tokens))["embed"](embed=self.embed,
+        (x,) = self._chunk_graphs(chunk)["embed"](embed=self.embed,
                                                         tokens=cupy.asarray(tokens, cupy.int32))
         return x
 
-    def _chunk_layers(self, x, seq_of, positions):
+    def _chunk_layers(self, x, seq_of, positions, chunk: int | None = None):
         """Every layer for the rows of one chunk (graphs ``@attention_chunk``, ``@mlp``); the
         KV caches are written in place."""
         import cupy
-        g = self._chunk_graphs(len(seq_of))
+        g = self._chunk_graphs(chunk)
         attn, mlp = g["attention"], g["mlp"]
         run = {"positions": cupy.asarray(positions, cupy.int32),
                "seq_of": cupy.asarray(seq_of, cupy.int32)}
@@ -293,7 +295,7 @@ class Decoder:
 def token_ids(x, what: str) -> np.ndarray:
     """``x`` (integers: a list, numpy or CuPy array) as a flat int64 numpy array; InputError
     for non-integers or values beyond int64."""
-    x = x.get() if hasattr(x, "get") else x
+    x = x.get() if type(x).__module__.startswith("cupy") else x
     try:
         a = np.asarray(x)
         if a.dtype.kind not in "iu" and a.size:

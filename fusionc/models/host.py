@@ -111,7 +111,7 @@ class HostDecoder(Decoder):
             return self._logits(self._tp_layers(x, run, self.module, "layer"))
         return self._logits(self._layers(x, run, self.module, "attention"))
 
-    def _chunk_layers(self, x: np.ndarray, seq_of, positions) -> np.ndarray:
+    def _chunk_layers(self, x: np.ndarray, seq_of, positions, chunk=None) -> np.ndarray:
         """Every layer for the rows of one chunk (:meth:`Decoder.prefill`), in the
         interpreter."""
         run = {"positions": positions, "seq_of": seq_of}
@@ -150,7 +150,7 @@ class HostDecoder(Decoder):
                              graph="mlp", precise=self.precise)
         return x
 
-    def _embed(self, tokens: np.ndarray) -> np.ndarray:
+    def _embed(self, tokens: np.ndarray, chunk=None) -> np.ndarray:
         """Graph ``@embed`` of :attr:`ends`: the hidden states ``[rows, hidden]`` of ids
         ``tokens``."""
         from fusionc.interp.interpreter import interpret

@@ -124,6 +124,9 @@ def prompt_ids(prompts, batch: int, max_seq: int, vocab: int) -> list[np.ndarray
     """One int64 array of token ids per sequence; InputError unless there are ``batch``
     non-empty prompts of at most ``max_seq`` ids in ``[0, vocab)``."""
     from fusionc.models.decoder import token_ids
+    if isinstance(prompts, (dict, str, bytes, set)) or not hasattr(prompts, "__len__"):
+        raise InputError(f"prompts {prompts!r:.80}", valid=f"a list of {batch} lists of token "
+                                                           "ids (one per sequence)")
     try:
         seqs = [token_ids(q, "prompt") for q in prompts]
     except TypeError:

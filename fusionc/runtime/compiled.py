@@ -61,8 +61,8 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             persistent kernels over every SM; graphs of linear layers and the norm, view and
             elementwise ops around them, fused up to the batch bucket the fused kernels take
             unless the cost table measured the library path faster; the library path
-            otherwise: :func:`fusionc.runtime.pipelines.v2_default_pipeline`); None: v2 for
-            graphs without attention or collectives and without v1 options, else v1
+            otherwise: :func:`fusionc.runtime.pipelines.v2_default_pipeline`); None: v2 unless
+            a v1 option is given or the graph holds MLA or an attention v2 does not take, else v1
             (:func:`fusionc.runtime.pipelines.default_lowering`); ``"auto"`` is None.
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
@@ -95,6 +95,11 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     if lowering is None:
         lowering = "v1" if pipeline is not None else \
             default_lowering(module[name], cluster, scheme, max_batch)
+    if lowering == "v1" and pipeline is None and any(op.name == "chunk_attention"
+                                                     for op in module[name].body):
+        raise InputError(f"lowering = 'v1' for @{name}, a prompt chunk (chunk_attention)",
+                         valid="the default lowering (v2's library path runs it); v1 has no "
+                               "cluster kernel for chunks")
     if lowering == "v2" and pipeline is None:
         pipeline = _tuned_v2(module[name], max_batch, kv_len, autotune, split_tokens) or \
             v2_default_pipeline(module[name], max_batch, split_tokens, min_split_tokens)
@@ -205,6 +210,7 @@ def check_launches_only(host: Graph) -> None:
     """CompileError unless every op of the lowered host graph is a kernel launch, a
     tensor-parallel collective or a host op (:data:`fusionc.runtime.host_ops.HOST_OPS`) of a
     float dtype, with RMSNorm over rows ``[T, D]``."""
+    from fusionc.ir.types import DType
     from fusionc.runtime.host_ops import HOST_COMPUTE, HOST_OPS
     for op in host.body:
         if op.name != "launch" and op.name not in HOST_OPS:
@@ -219,10 +225,13 @@ def check_launches_only(host: Graph) -> None:
                 op.name in HOST_COMPUTE and any(v.type.dtype.value not in ("f16", "bf16", "f32")
                                                 for v in op.operands) or
                 op.name == "library_call" and op.operands[0].type.rank != 2 or
-                op.name == "rms_norm" and op.operands[0].type.rank < 2):
+                op.name == "rms_norm" and op.operands[0].type.rank < 2 or
+                op.name == "library_call" and op.results[0].type.dtype not in
+                (op.operands[0].type.dtype, DType.f32)):
             raise CompileError(f"'{op.name}' on {op.operands[0].type}", op=op.name,
                                loc=op.loc, valid="f16, bf16 or f32 rows [T, D] (RMSNorm: "
-                                                 "[T, ..., D])")
+                                                 "[T, ..., D]); a GEMM's out_dtype that of x "
+                                                 "or f32 (cuBLAS)")
     if not host.body:
         raise CompileError("the graph has no attention or MLP block to compile", op=host.name,
                            loc=host.loc, valid="a graph with decode_attention or silu_mul")

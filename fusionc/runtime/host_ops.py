@@ -82,8 +82,13 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
             _concat(cg, op, views, objs, env, torch_mode, outputs, streams)
             return
         if op.name == "reshape":   # heads split or merged: a view where the strides allow
-            x = views[op.operands[0].name]
-            views[op.result.name] = objs[op.result.name] = x.reshape(op.result.type.concrete(env))
+            x = views[op.operands[0].name].reshape(op.result.type.concrete(env))
+            if op.result.name in cg._outs:   # a graph output: its own buffer, not a view of
+                obj, view = alloc(op.result)  # scratch the next call overwrites
+                view[...] = x
+                objs[op.result.name], views[op.result.name] = obj, view
+            else:
+                views[op.result.name] = objs[op.result.name] = x
             return
         if op.name == "kv_cache_write":   # in place: the results are the caches
             from fusionc.runtime.library_attention import kv_cache_write

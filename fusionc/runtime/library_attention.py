@@ -140,6 +140,11 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
     hkv = k_cache.shape[2]
     g = h // hkv
     seqs, pos = seq_of.get(), positions.get()
+    from fusionc.ir.ops.chunk import check_rows
+
+    class _Op:   # names the op in the error, as the interpreter does
+        name, loc = "chunk_attention", None
+    check_rows(_Op, seqs, pos, k_cache.shape[0], k_cache.shape[1])
     start = 0
     while start < t_:
         end = start + 1

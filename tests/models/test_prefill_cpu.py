@@ -159,3 +159,11 @@ def test_on_the_gpu_a_chunk_compiles_to_library_calls(qk_norm):
     assert not cg.kernels and names.count("library_call") == 2
     assert {"rope", "kv_cache_write", "chunk_attention"} <= set(names)
     assert names.count("rms_norm") == (3 if qk_norm else 1)
+
+
+def test_prompts_and_tokens_of_the_wrong_kind_are_named(model):
+    dec = HostDecoder.from_pretrained(model, batch=2, max_seq=32)
+    with pytest.raises(InputError, match="a list of 2 lists"):
+        dec.prefill({0: [1], 1: [2]})
+    with pytest.raises(InputError, match="integers"):
+        dec.step({0: 1, 1: 2}, [1, 1])

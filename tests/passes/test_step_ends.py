@@ -128,3 +128,28 @@ def test_lowering_v1_names_an_out_dtype_inside_a_block():
 
     with pytest.raises(LoweringError, match="out_dtype f32.*valid.*lowering v2"):
         fc.compile(att, max_batch=1, lowering="v1")
+
+
+def test_bad_inputs_of_the_step_ends_are_named():
+    """Ids past i32 are not wrapped by the interpreter; step_ends takes a config; the library
+    GEMM takes out_dtype = x's or f32 only (cuBLAS)."""
+    from fusionc.errors import CompileError, InputError
+    m = ends(100, 64)
+    table = np.zeros((100, 64))
+    with pytest.raises(InputError, match="i32 values"):
+        interpret(m, {"embed": table, "tokens": np.array([2**33], np.int64)}, graph="embed")
+    with pytest.raises(InputError, match="ModelConfig"):
+        step_ends(None)
+    narrow = fc.graph(lambda x, w: fc.linear(x, w, out_dtype="bf16"), name="lin",
+                      x=fc.f16["B", 64], w=fc.f16[32, 64])
+    with pytest.raises(CompileError, match="out_dtype that of x or f32"):
+        fc.compile(narrow, max_batch=200)
+
+
+def test_a_prompt_chunk_on_lowering_v1_is_named():
+    from fusionc.errors import InputError
+    from fusionc.models.prefill import chunk_attention_block
+    m = chunk_attention_block(hidden=128, heads=2, kv_heads=2, head_dim=64, max_seq=16,
+                              eps=1e-5, theta=1e4, dtype="f16")
+    with pytest.raises(InputError, match="v1 has no cluster kernel for chunks"):
+        fc.compile(m, max_batch=8, lowering="v1")
