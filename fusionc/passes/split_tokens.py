@@ -25,7 +25,9 @@ from fusionc.ir.ops.tokens import HOST_ROWWISE, MAX_PARTS, part_symbol
 from fusionc.ir.registry import lookup
 from fusionc.passes.base import Pass, register_pass
 
-ROWWISE = HOST_ROWWISE | {"linear"}   # what the runtime can run outside fusionc kernels
+# what the runtime can run outside fusionc kernels, row by row (an embedding's rows: its
+# token ids, the table whole)
+ROWWISE = HOST_ROWWISE | {"linear", "embedding"}
 COMM = frozenset({"all_reduce", "all_reduce_add", "all_reduce_add_rms_norm"})
 
 
@@ -136,7 +138,8 @@ def _check_rowwise(op: Op, sym: str) -> None:
         raise PassError(f"'{op.name}' does not work row by row on the tokens {sym}",
                         op="split-tokens", loc=op.loc,
                         valid="linear (with or without a bias), RMSNorm, SiLU, SiLU·mul, adds, "
-                              "muls, casts, feature splits and collectives (prefill-style "
+                              "muls, casts, embeddings, feature splits and collectives "
+                              "(prefill-style "
                               "graphs; attention is not split)")
 
 

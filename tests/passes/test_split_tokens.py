@@ -151,3 +151,22 @@ def test_bad_split_requests_are_refused():
                {"split_tokens": 65}):
         with pytest.raises(InputError):
             fc.compile(g, max_batch=4096, **kw)
+
+
+def test_an_embedding_splits_by_its_token_ids():
+    """The token ids are cut into blocks, the table is not: same rows over two ranks."""
+    import numpy as np
+    import fusionc as fc
+    from fusionc.passes import run_pipeline
+
+    @fc.graph
+    def g(table: fc.f16[50, 16], tokens: fc.i32["B"], w: fc.f16[8, 16]):
+        return fc.linear(fc.all_reduce(fc.embedding(table, tokens), 2), w)
+    low = run_pipeline(g, "split-tokens{parts=2,min_tokens=0},lower-library")
+    rng = np.random.default_rng(0)
+    ins = [{"table": rng.standard_normal((50, 16)), "tokens": rng.integers(0, 50, 5),
+            "w": rng.standard_normal((8, 16))} for _ in range(2)]
+    ins[1]["table"], ins[1]["tokens"] = ins[0]["table"], ins[0]["tokens"]
+    for a, b in zip(fc.simulate(low, ins), fc.interpret(g, ins)):
+        assert np.array_equal(a[0], b[0])
+    assert fc.compile(g, max_batch=4).host is not None
