@@ -15,7 +15,8 @@ from fusionc.errors import CompileError, InputError
 from fusionc.ir.nodes import Graph, Module, Value
 from fusionc.runtime import arrays
 from fusionc.runtime.plan import tuple_getter
-from fusionc.runtime.pipelines import default_lowering, pipeline_for, prefill, v2_default_pipeline
+from fusionc.runtime.pipelines import (chunk_graph, default_lowering, pipeline_for, prefill,
+                                       v2_default_pipeline)
 
 
 def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: int = 0,
@@ -95,8 +96,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     if lowering is None:
         lowering = "v1" if pipeline is not None else \
             default_lowering(module[name], cluster, scheme, max_batch)
-    if lowering == "v1" and pipeline is None and any(op.name == "chunk_attention"
-                                                     for op in module[name].body):
+    if lowering == "v1" and pipeline is None and chunk_graph(module[name]):
         raise InputError(f"lowering = 'v1' for @{name}, a prompt chunk (chunk_attention)",
                          valid="the default lowering (v2's library path runs it); v1 has no "
                                "cluster kernel for chunks")
@@ -211,7 +211,7 @@ def check_launches_only(host: Graph) -> None:
     tensor-parallel collective or a host op (:data:`fusionc.runtime.host_ops.HOST_OPS`) of a
     float dtype, with RMSNorm over rows ``[T, D]``."""
     from fusionc.ir.types import DType
-    from fusionc.runtime.host_ops import HOST_COMPUTE, HOST_OPS
+    from fusionc.runtime.host_ops import HOST_COMPUTE, HOST_OPS, HOST_VIEWS
     for op in host.body:
         if op.name != "launch" and op.name not in HOST_OPS:
             raise CompileError("op is neither part of a fused kernel nor run by a library",
@@ -220,9 +220,8 @@ def check_launches_only(host: Graph) -> None:
                                      "a bias or not), RMSNorm, SiLU, SiLU·mul, add, mul, cast, "
                                      "embedding, feature splits and collectives (library "
                                      "path, many tokens)")
-        views = ("token_split", "token_concat", "split", "reshape")   # of any dtype
         if op.name in HOST_OPS and op.results and (
-                op.name not in views and
+                op.name not in HOST_VIEWS and
                 op.results[0].type.dtype.value not in ("f16", "bf16", "f32") or
                 op.name in HOST_COMPUTE and any(v.type.dtype.value not in ("f16", "bf16", "f32")
                                                 for v in op.operands) or

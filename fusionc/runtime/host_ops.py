@@ -1,7 +1,9 @@
 """The ops of a lowered host graph that are not fusionc kernel launches, on the GPU: library
 calls (cuBLAS GEMMs, with a bias), row-wise graph ops as CuPy kernels (RMSNorm, SiLU, SiLU·mul,
-add, mul, cast, the embedding's gather; feature splits as views), the token blocks of ``split-tokens`` (views; each block's result written in
-place into its rows of the joined buffer), and the collectives (:mod:`.comm_ops`).
+add, mul, cast, the embedding's gather; feature splits and heads as views), a prompt chunk's
+RoPE, KV-cache write and attention (:mod:`.library_attention`), the token blocks of
+``split-tokens`` (views; each block's result written in place into its rows of the joined
+buffer), and the collectives (:mod:`.comm_ops`).
 
 Streams: ``stream = 1`` collectives run on a side stream (token-split overlap); everything else
 on the caller's stream. Before an op runs, its stream waits for an event recorded on the stream
@@ -23,6 +25,8 @@ from fusionc.runtime import arrays, library
 from fusionc.runtime.comm_ops import COMM_OPS
 
 HOST_OPS = LIBRARY_OPS | frozenset({"token_split", "token_concat"})
+# the host ops that are views or copies of rows: any dtype (token ids too)
+HOST_VIEWS = frozenset({"token_split", "token_concat", "split", "reshape"})
 # the ops _compute runs as CuPy kernels or GEMMs: float operands only (library.PREAMBLE)
 HOST_COMPUTE = frozenset({"library_call", "rms_norm", "silu_mul", "add", "mul", "silu", "cast"})
 

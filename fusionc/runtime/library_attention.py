@@ -98,16 +98,24 @@ def rope(x, positions, out, *, theta: float, style: str, rotary_dim: int, scalin
     frequencies from :func:`fusionc.ir.ops.rope.inv_freq` (Llama 3.1 scaling included),
     rounded to fp32 like the interpreter's. ``out`` contiguous."""
     import cupy
-    from fusionc.ir.ops.rope import inv_freq
     t, heads, d = x.shape
     n = t * heads * (rotary_dim // 2)
     if not n:
         return
     x = cupy.ascontiguousarray(x)
-    inv = cupy.asarray(inv_freq(theta, rotary_dim, scaling).astype(np.float32))
+    inv = _inv_freq(theta, rotary_dim, tuple(scaling), cupy.cuda.Device().id)
     _launch(_kernel(rope_source(dtype, style), "fc_rope"), n,
             (x, cupy.ascontiguousarray(positions), inv, out, np.int32(n), np.int32(heads),
              np.int32(d), np.int32(rotary_dim)))
+
+
+@functools.lru_cache(maxsize=64)
+def _inv_freq(theta: float, rotary_dim: int, scaling: tuple, device: int):
+    """The fp32 frequencies on ``device``, uploaded once per (theta, rotary_dim, scaling)
+    rather than on every call (every layer of every chunk)."""
+    import cupy
+    from fusionc.ir.ops.rope import inv_freq
+    return cupy.asarray(inv_freq(theta, rotary_dim, scaling).astype(np.float32))
 
 
 def kv_cache_write(k_cache, v_cache, k, v, seq_of, positions, dtype: str) -> None:
@@ -140,11 +148,11 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
     hkv = k_cache.shape[2]
     g = h // hkv
     seqs, pos = seq_of.get(), positions.get()
-    from fusionc.ir.ops.chunk import check_rows
+    from types import SimpleNamespace
 
-    class _Op:   # names the op in the error, as the interpreter does
-        name, loc = "chunk_attention", None
-    check_rows(_Op, seqs, pos, k_cache.shape[0], k_cache.shape[1])
+    from fusionc.ir.ops.chunk import check_rows
+    check_rows(SimpleNamespace(name="chunk_attention", loc=None), seqs, pos, k_cache.shape[0],
+               k_cache.shape[1])   # the interpreter's InputError, naming the op
     start = 0
     while start < t_:
         end = start + 1

@@ -51,7 +51,7 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     from fusionc.lower.match_v2 import unfused_ops
     from fusionc.passes.stream import v2_pipeline
     g = first_passes(g)   # decide on the graph the pipelines' first passes leave
-    if _chunk(g):   # a prompt chunk's attention runs as library kernels, its linears as GEMMs
+    if chunk_graph(g):   # a prompt chunk's attention runs as library kernels, its linears as GEMMs
         return library_pipeline(g, split_tokens, min_split_tokens)
     top = fused_rows(g)
     rows = _rows(g, max_batch)
@@ -107,7 +107,7 @@ def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
         return "v1"
     if any(op.name == "mla_decode_attention" for op in g.body):
         return "v1"
-    if _chunk(g):   # a prompt chunk: the library path (v2's default for it)
+    if chunk_graph(g):   # a prompt chunk: the library path (v2's default for it)
         return "v2"
     if any(op.name in _DECODE_ONLY for op in g.body) and not _v2_decode(g, max_batch):
         return "v1"
@@ -210,7 +210,7 @@ def prefill(g: Graph, max_batch: int) -> bool:
     return top is None or _rows(g, max_batch) > top or bool(unfused_ops(g))
 
 
-def _chunk(g: Graph) -> bool:
+def chunk_graph(g: Graph) -> bool:
     """Whether ``g`` attends new tokens over their sequences' caches (``chunk_attention``:
     ``fusionc/models/prefill.py``)."""
     return any(op.name == "chunk_attention" for op in g.body)
