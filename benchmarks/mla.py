@@ -1,13 +1,19 @@
-"""Benchmark: DeepSeek-V2-Lite MLA attention block (RMSNorm → q and latent projections →
-latent RMSNorm, RoPE → latent cache append → W_UK-absorbed attention over the latent cache →
-W_UV → output projection → residual) — fusionc vs PyTorch eager and torch.compile, each in a
-CUDA graph, vs the HBM floor. Run on the GPU machine:
+"""Benchmark: the MLA attention block (RMSNorm → q and latent projections → latent RMSNorm, RoPE →
+latent cache append → W_UK-absorbed attention over the latent cache → W_UV → output projection
+→ residual) of DeepSeek-V2-Lite (16 heads, hidden 2048) and a DeepSeek-V3-sized layer (128
+heads, hidden 7168, without q_lora: the DSL has no query compression yet) — fusionc vs PyTorch
+eager and torch.compile, each in a CUDA graph, vs the floor (DESIGN §7: bytes over the copy
+bandwidth or FLOPs over 790 TFLOP/s, whichever is larger). Run on the GPU machine:
 
-    python3 benchmarks/mla.py [--quick] [--sweep]
+    python3 benchmarks/mla.py [--layer V2-Lite|V3] [--batch 1,16] [--kv 1024,4096]
+                              [--lowering v1|v2] [--shard i/n] [--no-torch-compile]
+    python3 benchmarks/mla.py --compile-only [--shard i/n]   # fill the cubin cache, no GPU
 
-``--sweep`` also times every (cluster size, heads per cluster) fusionc can build and reports
-the fastest next to the cost model's choice. Prints a Markdown table (last) for BENCHMARKS.md.
-Every variant rotates through buffer sets totalling >= 3x L2 (benchmarks/common.py).
+Points: batch 1, 16, 64, 256 × KV 1K, 4K, 16K per layer, those whose caches fit (:func:`fits`);
+``--shard i/n`` runs every n-th from the i-th; ``$OUT/mla[-shard…].csv`` when ``$OUT`` is
+set. Every variant rotates through buffer sets totalling >= 3x L2 (benchmarks/common.py).
+``--lowering`` defaults to v2 (the MLA units); v1 (the five-phase kernel) takes at most 16
+heads. Prints a Markdown table (last) for BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -15,120 +21,145 @@ import math
 import os
 import sys
 
-import torch
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
-from benchmarks import common, torch_blocks  # noqa: E402
 
-M = dict(hidden=2048, heads=16, nope=128, rope=64, v_head=128, latent=512)
-
-
-def make_set(batch, kv, dtype=torch.bfloat16):
-    """One buffer set (weights, latent cache with kv valid tokens, the new one at kv - 1)."""
-    dev, h, H = "cuda", M["hidden"], M["heads"]
-    s = lambda *shape: (torch.randn(*shape, device=dev) / math.sqrt(shape[-1])).to(dtype)  # noqa
-    return dict(x=torch.randn(batch, h, device=dev).to(dtype),
-                attn_norm=(1 + 0.1 * torch.randn(h, device=dev)).to(dtype),
-                w_q=s(H * (M["nope"] + M["rope"]), h), w_kv_a=s(M["latent"] + M["rope"], h),
-                kv_norm=(1 + 0.1 * torch.randn(M["latent"], device=dev)).to(dtype),
-                w_uk_t=s(H, M["latent"], M["nope"]), w_uv=s(H, M["v_head"], M["latent"]),
-                w_o=s(h, H * M["v_head"]),
-                cache=torch.randn(batch, kv, M["latent"] + M["rope"], device=dev).to(dtype),
-                positions=torch.full((batch,), kv - 1, dtype=torch.int32, device=dev),
-                seq_lens=torch.full((batch,), kv, dtype=torch.int32, device=dev))
+LAYERS = {"V2-Lite": dict(hidden=2048, heads=16, nope=128, rope=64, v_head=128, latent=512),
+          "V3": dict(hidden=7168, heads=128, nope=128, rope=64, v_head=128, latent=512)}
+BATCHES, KVS = (1, 16, 64, 256), (1024, 4096, 16384)
+PEAK_FLOPS = 790e12   # a large bf16 matmul through PyTorch on our H200 (DESIGN §7)
+COLS = ["layer", "batch", "kv", "fusionc_us", "config", "eager_us", "compile_us", "floor_us",
+        "bound", "eff_%", "vs_compile", "vs_eager", "err"]
 
 
-def floor_bytes(batch, kv, itemsize=2):
-    H, h = M["heads"], M["hidden"]
-    weights = (H * (M["nope"] + M["rope"]) + M["latent"] + M["rope"]) * h \
-        + 2 * H * M["latent"] * M["nope"] + h * H * M["v_head"]
-    cache = batch * kv * (M["latent"] + M["rope"])
-    act = 2 * batch * h + batch * (M["latent"] + M["rope"])  # x in, out, new row written
-    return (weights + cache + act) * itemsize
+def weight_elems(m: dict) -> int:
+    H, h = m["heads"], m["hidden"]
+    return (H * (m["nope"] + m["rope"]) + m["latent"] + m["rope"]) * h \
+        + 2 * H * m["latent"] * m["nope"] + h * H * m["v_head"]
 
 
-def fusionc_mla(batch, kv, pipeline=None, codegen=None):
-    """fusionc.compile of the example's graph (cost model's choice, or ``pipeline``)."""
+def floor_bytes(m: dict, batch: int, kv: int, itemsize: int = 2) -> int:
+    """Weights, the cache rows read, x in, out and the new cache row written."""
+    cache = batch * kv * (m["latent"] + m["rope"])
+    act = 2 * batch * m["hidden"] + batch * (m["latent"] + m["rope"])
+    return (weight_elems(m) + cache + act) * itemsize
+
+
+def flops(m: dict, batch: int, kv: int) -> int:
+    """2 · batch · (weights + heads · kv · (2 · latent + rope)): every weight once per row, the
+    scores over latent + rope and P·V over latent per head and token."""
+    return 2 * batch * (weight_elems(m) + m["heads"] * kv * (2 * m["latent"] + m["rope"]))
+
+
+def floor_us(m: dict, batch: int, kv: int, bw: float) -> tuple[float, str]:
+    """(the floor in µs, "bytes" or "flops": which bounds it)."""
+    t_b, t_f = floor_bytes(m, batch, kv) / bw, flops(m, batch, kv) / PEAK_FLOPS
+    return (max(t_b, t_f) * 1e6, "bytes" if t_b >= t_f else "flops")
+
+
+def fits(m: dict, batch: int, kv: int, limit: float = 40e9) -> bool:
+    """Whether the buffer sets of a point stay within ``limit`` bytes (the caches dominate)."""
+    return batch * kv * (m["latent"] + m["rope"]) * 2 <= limit / 3
+
+
+def points(args) -> list[tuple[str, int, int]]:
+    out = [(name, b, k) for name in args.layer or list(LAYERS)
+           for b in args.batch or BATCHES for k in args.kv or KVS if fits(LAYERS[name], b, k)]
+    return out[args.shard[0]::args.shard[1]] if args.shard else out
+
+
+def build(m: dict, kv: int):
     import deepseek_v2_lite
+    return deepseek_v2_lite.build(hidden=m["hidden"], heads=m["heads"], qk_nope=m["nope"],
+                                  qk_rope=m["rope"], v_head=m["v_head"], kv_lora=m["latent"],
+                                  max_seq=kv)
 
+
+def fusionc_mla(m: dict, batch: int, kv: int, lowering: str):
+    """fusionc.compile of the example's graph at these sizes (None where it cannot)."""
     import fusionc
     try:
-        return fusionc.compile(deepseek_v2_lite.build(max_seq=kv), max_batch=batch, kv_len=kv,
-                               pipeline=pipeline, codegen=codegen)
+        return fusionc.compile(build(m, kv), max_batch=batch, kv_len=kv, lowering=lowering)
     except fusionc.errors.FusionError as e:
         print("fusionc cannot compile this point:", e)
         return None
 
 
-def _compile_job(job):
-    fn = fusionc_mla(*job[:3], codegen=job[3])
-    return fn.report().split(",")[0] if fn is not None else "-"
+def make_set(m: dict, batch: int, kv: int):
+    """One buffer set (weights, latent cache with kv valid tokens, the new one at kv - 1)."""
+    import torch
+    dev, h, H, dtype = "cuda", m["hidden"], m["heads"], torch.bfloat16
+    s = lambda *shape: (torch.randn(*shape, device=dev) / math.sqrt(shape[-1])).to(dtype)  # noqa
+    return dict(x=torch.randn(batch, h, device=dev).to(dtype),
+                attn_norm=(1 + 0.1 * torch.randn(h, device=dev)).to(dtype),
+                w_q=s(H * (m["nope"] + m["rope"]), h), w_kv_a=s(m["latent"] + m["rope"], h),
+                kv_norm=(1 + 0.1 * torch.randn(m["latent"], device=dev)).to(dtype),
+                w_uk_t=s(H, m["latent"], m["nope"]), w_uv=s(H, m["v_head"], m["latent"]),
+                w_o=s(h, H * m["v_head"]),
+                cache=torch.randn(batch, kv, m["latent"] + m["rope"], device=dev).to(dtype),
+                positions=torch.full((batch,), kv - 1, dtype=torch.int32, device=dev),
+                seq_lens=torch.full((batch,), kv, dtype=torch.int32, device=dev))
 
 
-def sweep_pipelines(batch, kv):
-    from fusionc.cost.h200 import H200
-    return {f"C{c}G{g}N{n}": f"partition-cluster{{size={c},group={g},grid={n},"
-                             f"max_batch={batch},batch={batch},kv_len={kv}}},fuse"
-            for c in (2, 4, 8) for g in (1, 2, 4)
-            for n in (H200.resident_clusters[c],) if n >= 16 // g}
-
-
-def points(args):
-    if args.quick:
-        return [(b, 4096) for b in args.batch or (1,)]
-    return [(b, kv) for b in args.batch or (1, 16) for kv in (1024, 4096, 16384)]
-
-
-def run_point(batch, kv, bw, sweep, no_compile, codegen=None, alt=None):
-    nbytes = floor_bytes(batch, kv)
-    sets = [make_set(batch, kv) for _ in range(common.sets_needed(nbytes))]
-    kw = dict(heads=M["heads"], nope=M["nope"], rope=M["rope"], latent=M["latent"], eps=1e-6,
+def run_point(layer: str, batch: int, kv: int, bw: float, args) -> dict:
+    from benchmarks import common, torch_blocks
+    m = LAYERS[layer]
+    sets = [make_set(m, batch, kv)
+            for _ in range(common.sets_needed(floor_bytes(m, batch, kv)))]
+    kw = dict(heads=m["heads"], nope=m["nope"], rope=m["rope"], latent=m["latent"], eps=1e-6,
               theta=10000.0)
     eager = lambda s: torch_blocks.mla_block(  # noqa: E731
         s["x"], s["attn_norm"], s["w_q"], s["w_kv_a"], s["kv_norm"], s["w_uk_t"], s["w_uv"],
         s["w_o"], s["cache"], s["positions"], kv, **kw)
-    compiled = None if no_compile else common.fresh_compile(eager, "max-autotune-no-cudagraphs")
-    fn = fusionc_mla(batch, kv, codegen=codegen)
-    alt_fn = fusionc_mla(batch, kv, codegen=alt) if alt else None
-    row = dict(batch=batch, kv=kv, floor_us=nbytes / bw * 1e6,
+    compiled = None if args.no_torch_compile else \
+        common.fresh_compile(eager, "max-autotune-no-cudagraphs")
+    fn = fusionc_mla(m, batch, kv, args.lowering)
+    fl, bound = floor_us(m, batch, kv, bw)
+    row = dict(layer=layer, batch=batch, kv=kv, floor_us=fl, bound=bound,
                config=fn.report().split(":")[1].split(",")[0].strip() if fn else "-")
-    row = common.measure(row, sets, eager, compiled, fn, alt_fn)
-    if sweep:
-        best = (row.get("fusionc_us", math.inf), "default")
-        for name, pipe in sweep_pipelines(batch, kv).items():
-            f = fusionc_mla(batch, kv, pipe)
-            if f is not None:
-                t = common.time_graph([lambda s=s: f(**s) for s in sets]) * 1e6
-                print(f"  {name}: {t:.1f} µs", flush=True)
-                best = min(best, (t, name))
-        row["best_us"], row["best"] = best
-    return row
+    return common.measure(row, sets, eager, compiled, fn)
 
 
-def main():
-    args = common.parse_args(__doc__, lambda ap: ap.add_argument(
-        "--sweep", action="store_true", help="time every (cluster size, heads per cluster)"))
-    if args.compile_only:   # fill the cubin cache (no GPU needed), several processes
-        import concurrent.futures
-        jobs = [(b, kv, p, args.codegen) for b, kv in points(args)
-                for p in [None] + (list(sweep_pipelines(b, kv).values()) if args.sweep else [])]
-        jobs += [(b, kv, None, args.alt) for b, kv in points(args) if args.alt]
-        with concurrent.futures.ProcessPoolExecutor() as pool:
-            for (b, kv, p, _), fn in zip(jobs, pool.map(_compile_job, jobs)):
-                print(b, kv, p or "default", fn, flush=True)
-        return
+def parse(argv=None):
+    import argparse
+
+    from benchmarks.common import batch_list
+    from benchmarks.gemv import shard_spec
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layer", choices=list(LAYERS), action="append")
+    ap.add_argument("--batch", type=batch_list, help="batch sizes, comma-separated")
+    ap.add_argument("--kv", type=batch_list, help="KV lengths, comma-separated")
+    ap.add_argument("--lowering", choices=("v1", "v2"), default="v2")
+    ap.add_argument("--shard", type=shard_spec, default=None, metavar="i/n")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
+    ap.add_argument("--no-torch-compile", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main() -> int:
+    args = parse()
+    todo = points(args)
+    if args.compile_only:
+        for layer, b, k in todo:
+            fn = fusionc_mla(LAYERS[layer], b, k, args.lowering)
+            print(layer, b, k, fn.report().split(",")[0] if fn else "-", flush=True)
+        return 0
+    import torch
+
+    from benchmarks import common
     bw = common.copy_bandwidth()
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}; "
+          f"{len(todo)} points", flush=True)
     rows = []
-    for b, kv in points(args):
-        rows.append(run_point(b, kv, bw, args.sweep, args.no_torch_compile, args.codegen,
-                              args.alt))
-        print(rows[-1], flush=True)
-    print(common.table(rows, ["batch", "kv", "fusionc_us", "config", "eager_us", "compile_us",
-                              "floor_us", "eff_%", "vs_compile", "vs_eager", "best_us", "best",
-                              "err"] + (["alt_us", "alt_err"] if args.alt else [])))
+    for layer, b, k in todo:
+        rows.append(run_point(layer, b, k, bw, args))
+        print(common.table(rows[-1:], [c for c in COLS if c in rows[-1]]), flush=True)
+        torch.cuda.empty_cache()
+    common.write_csv("mla", args.shard, COLS, rows)
+    print(common.table(rows, COLS))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -82,13 +82,8 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
     mb = kernel.attr("max_batch")
     geo = geometry(op, threads, mb)
     _check(kernel, op, geo)
-    from fusionc.codegen.streamed import tail_params, tensor_params
-    params = tensor_params(kernel) + tail_params(kernel)
-    ref = {kp.value.name: kp.name for kp in params if kp.kind == "tensor"}
-    names = [ref[v.name] for v in op.operands]
+    params, names, freq, name = unit_params(kernel, op)
     rot = op.attr("rotary_dim")
-    freq = inv_freq(op.attr("theta"), rot, op.attr("scaling")).astype(np.float32)
-    name = cnames.ident("fusionc", kernel.name)
     source = render(
         "attn_units.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
         ir_lines=print_graph(kernel).splitlines(), name=name,
@@ -98,11 +93,10 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
         grid=op.attr("grid"), threads=threads, max_batch=mb, max_splits=MAX_SPLITS,
         wmax=WAVES, c0=UNIT_OVERHEAD, qregs=geo["D"] <= QREGS_MAX_D,
         scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),
-        inv_freq=", ".join(cnames.f32_literal(float(f)) for f in freq),
-        norm=len(op.operands) == 8, eps=repr(float(op.attr("eps"))),
+        inv_freq=freq, norm=len(op.operands) == 8, eps=repr(float(op.attr("eps"))),
         qkv=names[0], k_cache=names[1], v_cache=names[2], pos=names[3], lens=names[4],
         o=names[5], q_norm=names[6] if len(names) > 6 else "",
-        k_norm=names[7] if len(names) > 7 else "", dim_B=_batch_dim(op)) + "\n"
+        k_norm=names[7] if len(names) > 7 else "", dim_B=batch_dim(op)) + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=op.attr("grid"),
                         cluster=1, threads=threads, smem_bytes=geo["smem"], params=tuple(params),
                         workspace_floats=slots(mb, geo["KVH"], op.attr("grid")) *
@@ -111,7 +105,20 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
                         persistent_units=op.attr("grid"), pdl=True)
 
 
-def _batch_dim(op: Op) -> str:
+def unit_params(kernel: Graph, op: Op) -> tuple:
+    """(the kernel's parameters, the C names of ``op``'s operands, RoPE's inverse frequencies
+    as a C initializer list, the kernel's C name) of a units kernel (``attn_units``,
+    ``mla_units``)."""
+    from fusionc.codegen.streamed import tail_params, tensor_params
+    params = tensor_params(kernel) + tail_params(kernel)
+    ref = {kp.value.name: kp.name for kp in params if kp.kind == "tensor"}
+    freq = inv_freq(op.attr("theta"), op.attr("rotary_dim"), op.attr("scaling"))
+    return (params, [ref[v.name] for v in op.operands],
+            ", ".join(cnames.f32_literal(float(f)) for f in freq.astype(np.float32)),
+            cnames.ident("fusionc", kernel.name))
+
+
+def batch_dim(op: Op) -> str:
     """The batch rows at run time: the dim argument, or a static batch."""
     b = op.operands[1].type.shape[0]
     return cnames.dim_name(b) if isinstance(b, str) else str(b)

@@ -55,6 +55,9 @@ def generate_cuda(kernel: Graph, options: CodegenOptions | None = None) -> Kerne
     from fusionc.codegen.attn_units import attn_op, generate_attn_units
     if attn_op(kernel) is not None:
         return generate_attn_units(kernel, options)
+    from fusionc.codegen.mla_units import generate_mla_units, mla_op
+    if mla_op(kernel) is not None:
+        return generate_mla_units(kernel, options)
     checks.check_kernel(kernel)
     ops = flatten(kernel)
     plan = plan_smem(kernel, lambda op: emitters.scratch_bytes(op, kernel), emitters.is_view)

@@ -41,9 +41,9 @@ def setup(p):
     p.add_argument("--lowering", choices=("auto", "v1", "v2"), default="v1",
                    help="the default pipeline of --after: v1 (cluster kernels; the default), "
                         "v2 (fused streamed kernels or the library path), or auto "
-                        "(fusionc.compile's choice: v2 when every graph shown has no "
-                        "MLA, and its attention blocks in the form the attention units "
-                        "take)")
+                        "(fusionc.compile's choice: v2 when every graph shown has its "
+                        "attention blocks in the form the attention units take, and MLA "
+                        "past v1's tested range)")
     p.add_argument("--max-batch", type=positive_int, default=8,
                    help="batch bucket of the v2 pipeline (default 8)")
     p.add_argument("--batch", type=positive_int, default=1,

@@ -42,9 +42,10 @@ def covers(g: Graph) -> bool:
 
 
 def host_rest(g: Graph) -> list[Op]:
-    """The ops of graph ``g`` that are neither a linear nor part of an attention core: what the
+    """The ops of graph ``g`` that are neither a linear nor part of an attention or MLA core: what the
     mixed path (``attention-units`` then ``lower-library``) runs on the host."""
-    absorbed = {id(o) for c in attention_cores(g) for o in c.absorbed}
+    from fusionc.lower.mla_v2 import mla_cores
+    absorbed = {id(o) for c in attention_cores(g) + mla_cores(g) for o in c.absorbed}
     return [op for op in g.body if op.name != "linear" and id(op) not in absorbed]
 
 

@@ -56,7 +56,12 @@ def unfused_ops(g: Graph) -> list[Op]:
     folded = {id(o) for k in found for o in k.absorbed}
     folded |= {id(k.norm) for k in found if k.norm is not None}
     from fusionc.lower.attention_v2 import attention_cores
+    from fusionc.lower.mla_v2 import host_ops, mla_cores
     folded |= {id(o) for c in attention_cores(g) for o in c.absorbed}
+    mla = mla_cores(g)
+    folded |= {id(o) for c in mla for o in c.absorbed}
+    if mla:   # W_UK, W_UV and their views run between the kernels
+        folded |= {id(o) for o in host_ops(g)}
     from fusionc.ir.ops.comm import host_collective
     return [op for op in g.body if op.name != "linear" and id(op) not in folded and
             not host_collective(op)]

@@ -33,6 +33,9 @@ from fusionc.lower.builder import KernelBuilder
 from fusionc.lower.collectives import all_gather
 from fusionc.lower.match_mla import MLAStage
 
+V1_MAX_HEADS = 16   # every attention work unit computes all heads in one CTA
+V1_TESTED_ROWS = 16  # the largest batch its GPU tests and benchmarks ran (2026-12-01)
+
 
 def lower_mla(st: MLAStage, name: str, size: int, group: int, max_batch: int,
               grid: int = 0, threads: int = 256, kv_tile: int = 16) -> Graph:
@@ -122,9 +125,9 @@ def _check(st: MLAStage, size: int, group: int, max_batch: int, units: int,
                             op="mla_decode_attention", loc=st.ops[0].loc,
                             valid=f"at most clusters x cluster size = {units} rows (max_batch, "
                                   "or the graph's static batch)")
-    if st.heads > 16:
+    if st.heads > V1_MAX_HEADS:
         raise LoweringError(f"{st.heads} heads", op="mla_decode_attention", loc=st.ops[0].loc,
-                            valid="at most 16 heads: every attention work unit computes all "
+                            valid=f"at most {V1_MAX_HEADS} heads: every attention work unit computes all "
                                   "heads in one CTA")
     if 0 < grid < st.heads // group:
         raise LoweringError(f"grid = {grid} clusters for {st.heads // group} head groups",

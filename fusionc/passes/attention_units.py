@@ -27,11 +27,12 @@ from fusionc.passes.base import Pass, register_pass
 
 
 def core_kernel(core, name: str, made: set, max_batch: int) -> tuple[Graph, Op]:
-    """The attention-units kernel of ``core`` and the op launching it; ``made`` (the names
-    computed so far) gains its results. LoweringError when the kernel would read a value that
-    another kernel absorbed."""
-    from fusionc.lower.attention_v2 import lower_core
-    k = lower_core(core, name, max_batch)
+    """The units kernel of ``core`` (an attention core: ``attn_units``; an MLA core:
+    ``mla_units``) and the op launching it; ``made`` (the names computed so far) gains its
+    results. LoweringError when the kernel would read a value that another kernel absorbed."""
+    from fusionc.lower import attention_v2, mla_v2
+    lower = mla_v2.lower_core if isinstance(core, mla_v2.MLACore) else attention_v2.lower_core
+    k = lower(core, name, max_batch)
     ins = [v for v in k.params if v.name != core.out.name]   # o_flat is written only
     for v in ins:
         if v.name not in made:
@@ -43,6 +44,19 @@ def core_kernel(core, name: str, made: set, max_batch: int) -> tuple[Graph, Op]:
     made.update(v.name for v in outs)
     attrs = lookup("launch").make_attrs({"kernel": SymbolRef(k.name)}, core.attention.loc)
     return k, Op("launch", outs, tuple(ins), attrs, (), core.attention.loc)
+
+
+def unit_cores(g: Graph) -> dict:
+    """id(attention op) → its core, for the attention cores
+    (:func:`fusionc.lower.attention_v2.attention_cores`) and the MLA cores
+    (:func:`fusionc.lower.mla_v2.mla_cores`) of ``g``; LoweringError naming an attention of
+    ``g`` in neither form."""
+    from fusionc.lower import attention_v2, mla_v2
+    cores = {id(c.attention): c for c in attention_v2.attention_cores(g)}
+    attention_v2.refuse_unmatched(g, cores)
+    mla = {id(c.attention): c for c in mla_v2.mla_cores(g)}
+    mla_v2.refuse_unmatched(g, mla)
+    return cores | mla
 
 
 def kernel_name(g: Graph, i: int, module: Module) -> str:
@@ -68,14 +82,12 @@ class AttentionUnits(Pass):
             raise PassError(f"max_batch = {self.max_batch}", op=self.name, valid=">= 1")
 
     def run(self, module: Module) -> Module:
-        from fusionc.lower.attention_v2 import attention_cores, refuse_unmatched
         kernels, graphs = [], []
         for g in module.graphs:
             if g.kind != "graph":
                 graphs.append(g)
                 continue
-            cores = {id(c.attention): c for c in attention_cores(g)}
-            refuse_unmatched(g, cores)
+            cores = unit_cores(g)
             absorbed = {id(o) for c in cores.values() for o in c.absorbed}
             made = {p.name for p in g.params}
             body = []

@@ -46,7 +46,7 @@ from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.types import TensorType
 from fusionc.lower.linear_v2 import ROWS, WIDE_ROWS
-from fusionc.passes.attention_units import core_kernel, kernel_name
+from fusionc.passes.attention_units import core_kernel, kernel_name, unit_cores
 from fusionc.passes.base import Pass, register_pass
 from fusionc.stream.ring import pad_rows, tma_rows
 
@@ -132,9 +132,10 @@ class PartitionUnits(Pass):
         specs = {id(k.linear): k for k in found}
         cut = chains(g, found) if self.chain else [[k] for k in found]
         chain_of = {id(k.linear): c for c in cut for k in c}
-        from fusionc.lower.attention_v2 import attention_cores, refuse_unmatched
-        cores = {id(c.attention): c for c in attention_cores(g)}
-        refuse_unmatched(g, cores)
+        from fusionc.lower.mla_v2 import host_ops
+        cores = unit_cores(g)
+        between = {id(o) for o in host_ops(g)} if any(
+            op.name == "mla_decode_attention" for op in g.body) else set()
         folded = {id(o) for k in specs.values() for o in k.absorbed}
         folded |= {id(k.norm) for k in specs.values() if k.norm is not None}
         folded |= {id(o) for c in cores.values() for o in c.absorbed}
@@ -158,7 +159,7 @@ class PartitionUnits(Pass):
                 continue
             if id(op) in folded:
                 continue
-            if host_collective(op):   # between the kernels, on the host
+            if host_collective(op) or id(op) in between:   # between the kernels, on the host
                 _made_before(op, made)
                 made.update(r.name for r in op.results)
                 body.append(op)

@@ -28,7 +28,8 @@ HOST_OPS = LIBRARY_OPS | frozenset({"token_split", "token_concat"})
 # the host ops that are views or copies of rows: any dtype (token ids too)
 HOST_VIEWS = frozenset({"token_split", "token_concat", "split", "reshape"})
 # the ops _compute runs as CuPy kernels or GEMMs: float operands only (library.PREAMBLE)
-HOST_COMPUTE = frozenset({"library_call", "rms_norm", "silu_mul", "add", "mul", "silu", "cast"})
+HOST_COMPUTE = frozenset({"library_call", "head_linear", "rms_norm", "silu_mul", "add", "mul",
+                          "silu", "cast"})
 
 
 class Streams:
@@ -147,6 +148,8 @@ def _compute(op, args: list, out, streams: Streams, temp) -> None:
     if op.name == "library_call":
         library.gemm(args[0], args[1], out, op.operands[0].type.dtype.value, *args[2:],
                      out_dtype=dt)
+    elif op.name == "head_linear":
+        library.head_gemm(args[0], args[1], out, dt)
     elif op.name == "rms_norm":   # over the last axis: [T, D], or [T, heads, D] (QK-norm)
         x, d = args[0], args[0].shape[-1]
         rows = x.size // d if d else 0

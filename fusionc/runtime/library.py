@@ -146,6 +146,9 @@ def _cublas():
     lib.cublasCreate_v2.argtypes = [ctypes.POINTER(P)]
     lib.cublasSetStream_v2.argtypes = [P, P]
     lib.cublasGemmEx.argtypes = [P, I, I, I, I, I, P, P, I, I, P, I, I, P, P, I, I, I, I]
+    L = ctypes.c_longlong
+    lib.cublasGemmStridedBatchedEx.argtypes = [P, I, I, I, I, I, P, P, I, I, L, P, I, I, L,
+                                               P, P, I, I, L, I, I, I]
     return lib
 
 
@@ -214,6 +217,30 @@ def gemm(x, w, out, dtype: str, bias=None, out_dtype: str | None = None) -> None
                                   t, ld[1], a + 4, out.data.ptr, CUDA_R[od], ld[2], 68,
                                   _GEMM_DEFAULT),
            "cublasGemmEx")
+
+
+def head_gemm(x, w, out, dtype: str) -> None:
+    """``out[b, h, n] = Σ_k x[b, h, k] · w[h, n, k]`` (``head_linear``: MLA's absorbed W_UK
+    and W_UV, DeepSeek-V2 appendix C) as one cublasGemmStridedBatchedEx over the heads, fp32
+    compute, one rounding; ``x [B, H, K]`` may be a strided view (a split of the query heads)
+    whose last axis is contiguous, ``w [H, N, K]`` and ``out [B, H, N]`` contiguous."""
+    import cupy
+    B, H, K = x.shape
+    N = w.shape[1]
+    if B == 0 or H == 0:
+        return
+    if x.strides[2] != x.itemsize or x.strides[0] % x.itemsize or x.strides[1] % x.itemsize \
+            or not w.flags.c_contiguous or not out.flags.c_contiguous:
+        from fusionc.errors import InputError
+        raise InputError(f"x has strides {x.strides}", op="head_linear",
+                         valid="heads of contiguous elements; w and out contiguous")
+    handle = _handle(cupy.cuda.get_current_stream())
+    t, a = CUDA_R[dtype], _ONE_ZERO.ctypes.data
+    sb, sh = x.strides[0] // x.itemsize, x.strides[1] // x.itemsize
+    # column-major per head h: out_h^T [N, B] (ld H·N) = w_h [N, K] · x_h^T [K, B] (ld sb)
+    _check(_cublas().cublasGemmStridedBatchedEx(
+        handle, 1, 0, N, B, K, a, w.data.ptr, t, K, N * K, x.data.ptr, t, sb, sh, a + 4,
+        out.data.ptr, t, H * N, N, H, 68, _GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
 
 
 def gemm_plan(T: int, K: int, N: int, dtype: str, device: int, out_dtype: str | None = None):

@@ -58,7 +58,8 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     left = unfused_ops(g)   # the library runs them, or partition-units names them
     runs = bool(left) and all(op.name in LIBRARY_OPS for op in left)
     path = H200.v2_path(rows)
-    if any(op.name == "decode_attention" for op in g.body):   # no library attention
+    if any(op.name in ("decode_attention", "mla_decode_attention") for op in g.body):
+        # no library attention
         if _mixed_rows(rows, top) or left:
             bad = _not_mixed(g)
             if bad is None:
@@ -100,18 +101,33 @@ def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
     """``fusionc.compile``'s lowering when none is given: ``"v2"`` (streamed kernels, the
     library path where measured faster; attention blocks as v2 linears around attention units)
     unless a v1 option is set (``cluster``, ``scheme``: the cluster kernels' choices) or the
-    graph holds what v2 does not take yet: MLA, or a decode op (rope,
-    kv_cache_append, decode_attention) that v2 would not lower at speed (:func:`_v2_decode`).
+    graph holds what v2 does not take by default yet: MLA where v1 takes it
+    (:func:`_mla_lowering`), or a decode op (rope, kv_cache_append, decode_attention) that
+    v2 would not lower at speed (:func:`_v2_decode`).
     v2 was faster than v1 at all 24 attention points measured (BENCHMARKS.md, issue 22)."""
     if cluster != 0 or scheme != "auto":
         return "v1"
     if any(op.name == "mla_decode_attention" for op in g.body):
-        return "v1"
+        return _mla_lowering(g, max_batch)
     if chunk_graph(g):   # a prompt chunk: the library path (v2's default for it)
         return "v2"
     if any(op.name in _DECODE_ONLY for op in g.body) and not _v2_decode(g, max_batch):
         return "v1"
     return "v2"
+
+
+def _mla_lowering(g: Graph, max_batch: int) -> str:
+    """An MLA graph's default: v1's five-phase kernel where it was tested on the GPU (at most
+    16 heads and 16 rows), else v2's MLA units where they take the graph (their GPU tests are
+    still to run: DESIGN §7.8 makes v2 the default once they pass), else v1 (which names what
+    it refuses)."""
+    from fusionc.lower import mla_v2
+    from fusionc.lower.mla import V1_MAX_HEADS, V1_TESTED_ROWS
+    heads = max(op.operands[0].type.shape[1] for op in g.body
+                if op.name == "mla_decode_attention")
+    if heads <= V1_MAX_HEADS and _rows(g, max_batch) <= V1_TESTED_ROWS:
+        return "v1"
+    return "v2" if mla_v2.covers(first_passes(g)) else "v1"
 
 
 def _v2_decode(g: Graph, max_batch: int) -> bool:
@@ -122,11 +138,12 @@ def _v2_decode(g: Graph, max_batch: int) -> bool:
     128 on tensor cores) or the mixed path (:func:`mixed`) past the bucket or where the cost
     table measured the library path faster (33 rows and more on an H200): the same choice as
     :func:`v2_default_pipeline`'s."""
+    from fusionc.lower import mla_v2
     from fusionc.lower.attention_v2 import covers
     from fusionc.lower.linear_v2 import fused_rows
     from fusionc.lower.match_v2 import unfused_ops
     g = first_passes(g)
-    if not covers(g):
+    if not covers(g) or not mla_v2.covers(g):
         return False
     top, rows = fused_rows(g), _rows(g, max_batch)
     if top is not None and rows <= top and not unfused_ops(g):
@@ -164,6 +181,8 @@ def _not_mixed(g: Graph):
     from fusionc.ir.types import FLOAT_DTYPES
     from fusionc.lower.attention_v2 import host_rest
     for op in host_rest(g):
+        if op.name == "reshape":   # heads split or merged around W_UK and W_UV: views
+            continue
         if op.name not in HOST_ROWWISE or \
                 any(v.type.dtype not in FLOAT_DTYPES for v in op.operands) or \
                 op.name == "rms_norm" and op.operands[0].type.rank != 2:

@@ -160,10 +160,11 @@ def _infer(op):
     return ()
 
 
-def _verify(op, graph, module):
-    """Every tensor is a kernel parameter; ``grid`` is the kernel's CTAs."""
+def verify_units(op, graph, module):
+    """Every tensor is a kernel parameter; ``grid`` is the kernel's CTAs (``attn_units`` and
+    ``mla_units``)."""
     for v in op.operands:
-        param_of(op, graph, v, "attn_units operands")
+        param_of(op, graph, v, f"{op.name} operands")
     if graph is not None and op.attr("grid") != graph.attr("grid") * graph.attr("cluster"):
         fail(op, f"grid = {op.attr('grid')} on {graph.attr('grid')} x "
              f"{graph.attr('cluster')} CTAs", "grid = the kernel's CTAs")
@@ -278,4 +279,4 @@ register(OpDef(
      attr("style", enum("neox", "gptj"), "neox"), attr("rotary_dim", POS_INT),
      attr("scaling", FLOATS, ()), attr("eps", FLOAT, 1e-6, doc="QK-norm epsilon"),
      attr("tile", POS_INT, TILE, doc="tokens per chunk step")),
-    _infer, where=K, simulate=_simulate, verify=_verify, cost=_cost))
+    _infer, where=K, simulate=_simulate, verify=verify_units, cost=_cost))

@@ -32,8 +32,8 @@ from fusionc.ir.types import FLOAT_DTYPES
 
 # Row-wise graph ops: split-tokens may cut them into token blocks, and the runtime runs them
 # outside fusionc kernels (cuBLAS, CuPy kernels, the collectives).
-HOST_ROWWISE = frozenset({"library_call", "rms_norm", "silu_mul", "add", "mul", "silu", "cast",
-                          "split", "all_reduce",
+HOST_ROWWISE = frozenset({"library_call", "head_linear", "rms_norm", "silu_mul", "add", "mul",
+                          "silu", "cast", "split", "all_reduce",
                           "all_reduce_add", "all_reduce_add_rms_norm"})
 # What the library path runs besides them: gathers of table rows by token id, heads as views,
 # and a prompt chunk's RoPE, KV-cache write and attention (fusionc.runtime.library_attention).

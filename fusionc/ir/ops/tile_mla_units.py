@@ -1,0 +1,207 @@
+"""Tile IR (design v2): the core of a multi-head latent attention (MLA) block as work units over
+every SM, 1 to 128 heads (issue 27).
+
+``mla_units(%q, %q_latent, %kv_a, %cache, %positions, %seq_lens, %o, %kv_norm?)
+{grid, scale, theta, style, rotary_dim, scaling, eps, nope, tile}``
+    ``q: [B, H·(nope + R)]`` is the query projection's output (per head nope dims, then R RoPE
+    dims); ``q_latent: [B, H, L]`` is W_UKᵀ q_nope (``head_linear``); ``kv_a: [B, L + R]``
+    the latent projection's output (c, then k_rope); ``cache: [B, S, L + R]``; ``o: [B, H, L]``
+    is written. Per batch row b it computes what the graph ops around
+    ``mla_decode_attention`` compute (DeepSeek-V2, arXiv 2405.04434, §2.1.2-2.1.3 and
+    appendix C; :mod:`fusionc.ir.ops.mla`), each result rounded to the dtype as the graph
+    rounds it:
+
+    - the new cache row [rms_norm(c, kv_norm) ; rope(k_rope)] goes to ``cache[b, positions[b]]``
+      (positions outside [0, S) are skipped, never a fault);
+    - per head h the query [q_latent[b, h] ; rope(q_rope[b, h])] against the first
+      n = clamp(seq_lens[b], 0, S) cache rows (the row at positions[b] read as just appended):
+      s_t = scale · q · row_t, o = Σ_t softmax(s)_t · row_t[:L]; n = 0 gives 0. The
+      probabilities are rounded to the dtype before P·V (tensor-core operands) while l sums
+      them in fp32, as in ``attn_units``.
+
+    **Work units**: the heads in blocks of :func:`block_heads` (16, 32 or 64: one to four
+    16-row tensor-core tiles); unit (b, c, j) is chunk c of head block j of row b, numbered in
+    that order, the chunks from ``attn_units``' split plan with the head blocks in place of KV
+    heads (:func:`fusionc.ir.ops.tile_attn_units.split_plan`, computed on the device from
+    ``seq_lens``). The head blocks of one chunk are neighbours, so they read its rows while
+    the others keep them in L2. The chunk 0 unit of block 0 does the append. Partials
+    (m, l, o) go to global slots; the unit that counts last on the (b, j) counter merges them in
+    chunk order and sets it back to zero, as ``attn_units`` does.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fusionc.interp.numerics import round_to
+from fusionc.ir.ops.norm import rms_norm_values
+from fusionc.ir.ops.rope import rope_values
+from fusionc.ir.ops.tile_attn_units import TILE, WAVES, _merge, split_plan, verify_units
+from fusionc.ir.ops.tile_memory import K
+from fusionc.ir.registry import (FLOAT, FLOATS, POS_INT, Cost, OpDef, attr, enum, fail,
+                                 register)
+from fusionc.ir.types import DType
+
+MAX_HEADS = 128   # DeepSeek-V3; more would only need more head blocks
+
+
+def block_heads(heads: int) -> int:
+    """Query heads of one unit: 16, 32 or 64 (one, two or four 16-row mma tiles), the fewest
+    that hold ``heads`` up to 64; 64 above (blocks of 64, the last one padded)."""
+    return 16 if heads <= 16 else 32 if heads <= 32 else 64
+
+
+def head_blocks(heads: int) -> int:
+    """Head blocks of a row: ⌈heads / block_heads⌉."""
+    return -(-heads // block_heads(heads))
+
+
+def unsupported(dtype: DType, heads: int, latent: int, rope: int) -> list[str]:
+    """Why the MLA units cannot take this geometry (empty: they can); the code generator and
+    the default lowering both ask this."""
+    bad = []
+    if dtype not in (DType.f16, DType.bf16):
+        bad.append(f"dtype {dtype} (tensor cores: f16 or bf16)")
+    if heads > MAX_HEADS:
+        bad.append(f"{heads} heads (at most {MAX_HEADS})")
+    if latent % 64:
+        bad.append(f"latent dim {latent} (not a multiple of 64)")
+    if rope % 16 or rope == 0:
+        bad.append(f"rope dim {rope} (a multiple of 16)")
+    return bad
+
+
+def slots(max_batch: int, blocks: int, grid: int) -> int:
+    """Partial slots a launch may fill, as :func:`fusionc.ir.ops.tile_attn_units.slots`."""
+    return grid * WAVES + max_batch * blocks
+
+
+def _dims(op):
+    q, ql, cache = op.operands[0].type, op.operands[1].type, op.operands[3].type
+    heads, lat = ql.shape[1], ql.shape[2]
+    return heads, lat, cache.shape[2] - lat, cache.shape[1]
+
+
+def _infer(op):
+    q, ql, kva, cache, pos, lens, o = (v.type for v in op.operands[:7])
+    if ql.rank != 3 or not all(isinstance(x, int) for x in ql.shape[1:]) or cache.rank != 3 \
+            or not all(isinstance(x, int) for x in cache.shape[1:]):
+        fail(op, f"q_latent {ql} and cache {cache}",
+             "q_latent [B, H, L] and cache [B, S, L + R], H, L, S, R static")
+    b, heads, lat = ql.shape
+    rope = cache.shape[2] - lat
+    if rope <= 0 or cache.shape[0] != b:
+        fail(op, f"cache {cache} with q_latent {ql}", f"cache [{b}, S, {lat} + R], R > 0")
+    nope = op.attr("nope")
+    want = {"q": (q, (b, heads * (nope + rope))), "kv_a": (kva, (b, lat + rope)),
+            "o": (o, (b, heads, lat))}
+    for name, (t, shape) in want.items():
+        if t.shape != shape:
+            fail(op, f"{name} has type {t}", f"[{', '.join(map(str, shape))}]")
+    if len({q.dtype, ql.dtype, kva.dtype, cache.dtype, o.dtype}) != 1:
+        fail(op, "operands of different dtypes", "one float dtype")
+    for t, what in ((pos, "positions"), (lens, "seq_lens")):
+        if t.dtype != DType.i32 or t.shape != (b,):
+            fail(op, f"{what} has type {t}", f"i32[{b}]")
+    if len(op.operands) == 8 and op.operands[7].type.shape != (lat,):
+        fail(op, f"kv_norm has type {op.operands[7].type}", f"[{lat}]")
+    r = op.attr("rotary_dim")
+    if r % 2 or r > rope:
+        fail(op, f"rotary_dim = {r}", f"an even rotary_dim <= the rope dim {rope}")
+    if not 0 < op.attr("scale") < math.inf or not 0 < op.attr("theta") < math.inf:
+        fail(op, f"scale = {op.attr('scale')}, theta = {op.attr('theta')}", "finite, > 0")
+    return ()
+
+
+def row_vectors(op, q_row, ql_row, kva_row, pos: int, kv_norm) -> tuple:
+    """(queries [H, L + R], the new cache row [L + R]) of one batch row, in fp32, each part
+    rounded to the dtype as the graph rounds it."""
+    heads, lat, rope, _ = _dims(op)
+    dt, nope = op.operands[0].type.dtype, op.attr("nope")
+    q = np.asarray(q_row, np.float32).reshape(heads, nope + rope)[:, nope:]
+    c, kr = np.asarray(kva_row, np.float32)[:lat], np.asarray(kva_row, np.float32)[lat:]
+    if kv_norm is not None:
+        c = _round(rms_norm_values(c, np.asarray(kv_norm), op.attr("eps"), np.float32), dt)
+    rot = lambda x: _round(rope_values(x[None], np.array([pos]), op, np.float32)[0], dt)
+    queries = np.concatenate([np.asarray(ql_row, np.float32), rot(q)], axis=1)
+    return queries, np.concatenate([c, rot(kr[None])[0]])
+
+
+def _round(x, dt):
+    return round_to(x, dt).astype(np.float32)
+
+
+def _simulate(op, args, cta):
+    """This CTA's units ``gid``, ``gid + grid``, ...; partials merged by the last unit of each
+    (b, head block), in chunk order."""
+    mem = cta.memory
+    read = lambda v: mem.read(v.name, (Ellipsis,), cta, op)
+    q, ql, kva, pos, lens = (read(op.operands[i]) for i in (0, 1, 2, 4, 5))
+    kv_norm = read(op.operands[7]) if len(op.operands) == 8 else None
+    heads, lat, rope, S = _dims(op)
+    hb, nb, grid = block_heads(heads), head_blocks(heads), op.attr("grid")
+    L, splits = split_plan(lens, nb, grid, S, op.attr("tile"))
+    first = np.concatenate([[0], np.cumsum(splits * nb)])
+    store = mem.__dict__.setdefault("attn_slots", {})
+    cache, o = op.operands[3], op.operands[6]
+    for u in range(cta.gid, int(first[-1]), grid):
+        b = int(np.searchsorted(first, u, side="right")) - 1
+        c, j = divmod(u - int(first[b]), nb)
+        p = int(pos[b])
+        queries, new = row_vectors(op, q[b], ql[b], kva[b], p, kv_norm)
+        if c == 0 and j == 0 and 0 <= p < S:
+            mem.write(cache.name, (b, p), new, cta, op, cache.type.dtype)
+        n = min(max(int(lens[b]), 0), S)
+        lo, hi = min(n, c * int(L[b])), min(n, (c + 1) * int(L[b]))
+        heads_j = queries[j * hb:(j + 1) * hb]
+        got = store.setdefault((id(op), b, j), {})
+        got[c] = _partial(op, cta, cache.name, b, lo, hi, p, heads_j, new, lat)
+        if len(got) == splits[b]:
+            out = _merge([got[i] for i in range(int(splits[b]))])
+            del store[(id(op), b, j)]
+            mem.write(o.name, (b, slice(j * hb, j * hb + len(heads_j))), out, cta, op,
+                      o.type.dtype)
+    return ()
+
+
+def _partial(op, cta, cache, b, lo, hi, p, q, new, lat):
+    g = q.shape[0]
+    if hi <= lo:
+        return (np.full(g, -np.inf, np.float32), np.zeros(g, np.float32),
+                np.zeros((g, lat), np.float32))
+    rows = np.empty((hi - lo, len(new)), np.float32)
+    for a, z in ((lo, p), (p + 1, hi)) if lo <= p < hi else ((lo, hi),):
+        if z > a:
+            rows[a - lo:z - lo] = cta.memory.read(cache, (b, slice(a, z)), cta, op)
+    if lo <= p < hi:
+        rows[p - lo] = new
+    s = (q @ rows.T) * np.float32(op.attr("scale"))
+    m = s.max(axis=1)
+    e = np.exp(s - m[:, None])
+    pv = round_to(e, op.operands[0].type.dtype).astype(np.float32)   # P as the mma's operand
+    return m, e.sum(axis=1), pv @ rows[:, :lat]
+
+
+def _cost(op, env):
+    heads, lat, rope, S = _dims(op)
+    q, cache = op.operands[0].type, op.operands[3].type
+    b = q.concrete(env)[0]
+    s = env.get("S", S)
+    g = op.attr("grid")   # per CTA, as kernel_cost counts every op (it scales by the grid)
+    kv = b * s * (lat + rope) * cache.dtype.itemsize
+    return Cost(bytes_read=(2 * q.nbytes(env) + kv) / g,
+                bytes_written=b * heads * lat * cache.dtype.itemsize / g,
+                flops=2 * b * heads * s * (2 * lat + rope) / g)
+
+
+register(OpDef(
+    "mla_units", __doc__,
+    ("q", "q_latent", "kv_a", "cache", "positions", "seq_lens", "o", "kv_norm?"),
+    (attr("grid", POS_INT, doc="CTAs of the launch: the work units' stride"),
+     attr("scale", FLOAT), attr("theta", FLOAT),
+     attr("style", enum("neox", "gptj"), "gptj"), attr("rotary_dim", POS_INT),
+     attr("scaling", FLOATS, ()), attr("eps", FLOAT, 1e-6, doc="the latent RMSNorm's epsilon"),
+     attr("nope", POS_INT, doc="query dims per head before its RoPE dims"),
+     attr("tile", POS_INT, TILE, doc="tokens per chunk step")),
+    _infer, where=K, simulate=_simulate, verify=verify_units, cost=_cost))

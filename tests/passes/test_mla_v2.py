@@ -1,0 +1,178 @@
+"""The MLA block on lowering v2 (issue 27): what ``partition-units`` makes of it (v2 linears, the
+absorbed W_UK and W_UV as host GEMMs, one ``mla_units`` kernel), ``simulate(lower(g)) ≈
+interpret(g)`` over random head counts, latent and rope sizes, lengths and batches
+(hypothesis), the mixed path past the bucket, the default lowering's choice, named errors and
+NVRTC builds of the MLA-units kernel at 16 and 128 heads."""
+# no `from __future__ import annotations`: the DSL evaluates the annotations
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import fusionc as fc
+from fusionc.errors import LoweringError
+from fusionc.interp import interpret
+from fusionc.ir import print_module
+from fusionc.ir.ops.tile_mla_units import block_heads, head_blocks
+from fusionc.passes import run_pipeline
+from fusionc.passes.stream import v2_pipeline
+from fusionc.runtime.pipelines import default_lowering, mixed_pipeline, v2_default_pipeline
+from fusionc.sim import simulate
+from tests.passes.graphs import inputs, rel_err
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+deepseek = importlib.import_module("deepseek_v2_lite")
+TOL = {"f16": 2e-3, "bf16": 8e-3}
+
+
+def block(dtype="bf16", **kw):
+    sizes = dict(hidden=64, heads=3, qk_nope=16, qk_rope=16, v_head=16, kv_lora=64,
+                 max_seq=160)
+    sizes.update(kw)
+    return deepseek.build(dtype=dtype, **sizes)
+
+
+def test_partition_units_makes_linears_host_gemms_and_one_mla_units_kernel():
+    low = run_pipeline(block(), "fold-views,partition-units{max_batch=4}")
+    host = low["attention"]
+    assert [op.name for op in host.body] == ["launch", "reshape", "split", "launch",
+                                             "head_linear", "launch", "head_linear",
+                                             "reshape", "launch"]
+    core = host.body[5]
+    assert [v.name for v in core.operands] == ["q", "q_latent", "kv_a", "cache", "positions",
+                                               "seq_lens", "kv_norm"]
+    assert [v.name for v in core.results] == ["o_latent", "cache.1"]
+    k = low[core.attr("kernel").name]
+    op, = k.body
+    assert op.name == "mla_units" and op.attr("nope") == 16 and op.attr("style") == "gptj"
+    assert [v.name for v in k.outputs] == ["o_latent", "cache"]
+    text = print_module(low)
+    for gone in ("rope(", "latent_cache_append(", "mla_decode_attention(", "rms_norm("):
+        assert gone not in text
+
+
+@pytest.mark.parametrize("heads,block,blocks", [(1, 16, 1), (16, 16, 1), (17, 32, 1),
+                                                (32, 32, 1), (40, 64, 1), (128, 64, 2),
+                                                (100, 64, 2)])
+def test_heads_come_in_blocks_of_16_32_or_64(heads, block, blocks):
+    assert (block_heads(heads), head_blocks(heads)) == (block, blocks)
+
+
+CONFIGS = st.fixed_dictionaries({
+    "heads": st.sampled_from([1, 3, 16, 17, 40, 64, 100, 128]),
+    "latent_rope": st.sampled_from([(64, 16), (128, 32), (64, 48)]),
+    "dtype": st.sampled_from(["f16", "bf16"]),
+    "lens": st.lists(st.integers(0, 300), min_size=1, max_size=4),
+})
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(CONFIGS, st.integers(0, 2**31 - 1))
+def test_simulate_lowered_mla_matches_interpret(cfg, seed):
+    lat, rope = cfg["latent_rope"]
+    m = block(cfg["dtype"], heads=cfg["heads"], kv_lora=lat, qk_rope=rope, max_seq=300)
+    lens = cfg["lens"]
+    args = inputs(m.graphs[0], len(lens), lens, np.random.default_rng(seed))
+    ref = interpret(m, args)
+    out = simulate(run_pipeline(m, v2_pipeline(8)), args)
+    for a, r in zip(out, ref):
+        assert rel_err(a, r) <= TOL[cfg["dtype"]]
+
+
+def test_rows_split_over_many_units_merge_in_chunk_order():
+    """A 4096-token row on a few CTAs: many chunks per (row, head block), merged by the last."""
+    m = block("f16", heads=40, max_seq=4096)
+    lens = [4096, 1, 0, 2500]
+    args = inputs(m.graphs[0], 4, lens, np.random.default_rng(3))
+    low = run_pipeline(m, "fold-views,partition-units{max_batch=4,grid=6}")
+    for a, r in zip(simulate(low, args), interpret(m, args)):
+        assert rel_err(a, r) <= TOL["f16"]
+
+
+def test_neox_rope_and_no_latent_norm_in_the_simulator():
+    T = fc.bf16
+
+    @fc.graph
+    def g(q: T["B", 2 * 48], q_latent: T["B", 2, 64], kv_a: T["B", 80],
+          cache: T["B", 100, 80], positions: fc.i32["B"], seq_lens: fc.i32["B"]):
+        q_nope, q_pe = fc.split(fc.split_heads(q, 2), [32, 16])
+        q_rot = fc.rope(q_pe, positions, 500.0, style="neox", rotary_dim=8)
+        c, k_pe = fc.split(kv_a, [64, 16])
+        k_rot = fc.merge_heads(fc.rope(fc.split_heads(k_pe, 1), positions, 500.0,
+                                       style="neox", rotary_dim=8))
+        cache = fc.latent_cache_append(cache, c, k_rot, positions)
+        o = fc.mla_decode_attention(q_latent, q_rot, cache, seq_lens, 0.3)
+        return o, cache, q_nope
+    m = fc.module(g)
+    lens = [77, 3]
+    args = inputs(m.graphs[0], 2, lens, np.random.default_rng(9))
+    low = run_pipeline(m, "fold-views,attention-units{max_batch=2}")
+    op = next(o for k in low.graphs if k.kind == "kernel" for o in k.body)
+    assert op.name == "mla_units" and len(op.operands) == 7 and op.attr("rotary_dim") == 8
+    for a, r in zip(simulate(low, args), interpret(m, args)):
+        assert rel_err(a, r) <= TOL["bf16"]
+
+
+def test_past_the_bucket_the_mixed_path_runs_gemms_around_the_units():
+    m = block()
+    g = m.graphs[0]
+    assert v2_default_pipeline(g, 200) == mixed_pipeline(200)
+    low = run_pipeline(m, mixed_pipeline(200))
+    names = [op.name for op in low["attention"].body]
+    assert names.count("library_call") == 3 and names.count("head_linear") == 2
+    assert names.count("launch") == 1
+    lens = [5, 150, 0]
+    args = inputs(g, 3, lens, np.random.default_rng(4))
+    for a, r in zip(simulate(low, args), interpret(m, args)):
+        assert rel_err(a, r) <= TOL["bf16"]
+
+
+def test_mla_stays_on_v1_by_default_where_v1_was_tested():
+    g = block().graphs[0]
+    assert default_lowering(g) == "v1"            # 3 heads, 8 rows: v1's tested range
+    assert default_lowering(g, max_batch=64) == "v2"   # no v1 configuration at 64 rows
+    assert default_lowering(block(heads=128).graphs[0]) == "v2"   # v1 takes 16 heads at most
+    assert default_lowering(block("f32", heads=128).graphs[0]) == "v1"   # v2 cannot: v1 names it
+    pipe = v2_default_pipeline(g, 8)   # the fused kernels (wide tiles where measured faster)
+    assert "partition-units" in pipe and "lower-library" not in pipe
+
+
+def test_v2_refuses_f32_and_odd_latent_sizes_by_name():
+    with pytest.raises(LoweringError) as e:
+        run_pipeline(block("f32"), v2_pipeline(4))
+    assert e.value.op == "mla_decode_attention" and "dtype f32" in str(e.value)
+    with pytest.raises(LoweringError) as e:
+        run_pipeline(block(kv_lora=96), v2_pipeline(4))
+    assert "latent dim 96" in str(e.value)
+
+
+def test_an_unmatched_mla_attention_is_named():
+    T = fc.bf16
+
+    @fc.graph
+    def g(q_latent: T["B", 2, 64], q_rot: T["B", 2, 16], cache: T["B", 40, 80],
+          seq_lens: fc.i32["B"]):
+        return fc.mla_decode_attention(q_latent, q_rot, cache, seq_lens, 0.3)
+    with pytest.raises(LoweringError) as e:
+        run_pipeline(fc.module(g), v2_pipeline(4))
+    assert e.value.op == "mla_decode_attention" and "block form" in str(e.value)
+
+
+@pytest.mark.parametrize("heads,hidden,dtype,regs", [(16, 2048, "bf16", 255),
+                                                     (128, 7168, "bf16", 255),
+                                                     (3, 256, "f16", 255)])
+def test_mla_units_compile_without_spills(heads, hidden, dtype, regs):
+    from fusionc.codegen.compile import compile_kernel
+    m = deepseek.build(hidden=hidden, heads=heads, dtype=dtype)
+    low = run_pipeline(m, v2_pipeline(16))
+    k = next(g for g in low.graphs if g.kind == "kernel" and g.body[0].name == "mla_units")
+    ck = compile_kernel(k)
+    assert ck.spills == 0, ck.report()
+    src = ck.source
+    assert src.blocks == 132 and src.smem_bytes <= 232448 and src.pdl and src.resident
+    assert src.counters == 16 * head_blocks(heads) + 1
+    assert "fc_counter_arrive(cnt) == static_cast<unsigned>(splits - 1)" in src.source
+    assert "fc_counter_wait<" not in src.source   # nothing waits
