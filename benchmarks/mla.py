@@ -7,6 +7,7 @@ bandwidth or FLOPs over 790 TFLOP/s, whichever is larger). Run on the GPU machin
 
     python3 benchmarks/mla.py [--layer V2-Lite|V3] [--batch 1,16] [--kv 1024,4096]
                               [--lowering v1|v2] [--shard i/n] [--no-torch-compile]
+                              [--compile-mode default]
     python3 benchmarks/mla.py --compile-only [--shard i/n]   # fill the cubin cache, no GPU
 
 Points: batch 1, 16, 64, 256 × KV 1K, 4K, 16K per layer, those whose caches fit (:func:`fits`);
@@ -112,7 +113,7 @@ def run_point(layer: str, batch: int, kv: int, bw: float, args) -> dict:
         s["x"], s["attn_norm"], s["w_q"], s["w_kv_a"], s["kv_norm"], s["w_uk_t"], s["w_uv"],
         s["w_o"], s["cache"], s["positions"], kv, **kw)
     compiled = None if args.no_torch_compile else \
-        common.fresh_compile(eager, "max-autotune-no-cudagraphs")
+        common.fresh_compile(eager, args.compile_mode)
     fn = fusionc_mla(m, batch, kv, args.lowering)
     fl, bound = floor_us(m, batch, kv, bw)
     row = dict(layer=layer, batch=batch, kv=kv, floor_us=fl, bound=bound,
@@ -134,6 +135,8 @@ def parse(argv=None):
     ap.add_argument("--compile-only", action="store_true",
                     help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
     ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
+                    help="torch.compile's mode (default: %(default)s; 'default' compiles faster)")
     return ap.parse_args(argv)
 
 
