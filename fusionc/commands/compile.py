@@ -144,6 +144,7 @@ def _lower(g, args, out: pathlib.Path):
         from fusionc.errors import InputError
         raise InputError(f"--cluster {args.cluster} / --scheme {args.scheme} with --lowering v2",
                          valid="drop them: options of lowering v1's cluster kernels")
+    _remove_stale_stages(out, g.name)
     write_file(out / f"{g.name}.0-input.fir", print_module(Module((g,))))   # checked first
     if args.passes:   # the default is not computed: its matcher may refuse what --passes takes
         pipeline = args.passes
@@ -153,6 +154,20 @@ def _lower(g, args, out: pathlib.Path):
     else:
         pipeline = pipeline_for(g, max_batch, args.cluster, args.scheme)
     return run_pipeline(Module((g,)), pipeline, on_stage=dump)
+
+
+def _remove_stale_stages(out: pathlib.Path, name: str) -> None:
+    """Delete ``<name>.<N>-<pass>.fir`` left by an earlier compile into ``out`` (another
+    lowering has other passes): the folder then shows exactly this run's stages."""
+    import glob
+    import re
+    stage = re.compile(re.escape(name) + r"\.\d+-[\w-]+\.fir")
+    for f in out.glob(f"{glob.escape(name)}.*.fir"):
+        if stage.fullmatch(f.name):
+            try:
+                f.unlink()
+            except OSError:
+                pass   # write_file names the problem if this stage is written again
 
 
 def _compile_kernels(lowered, name: str, out: pathlib.Path, done: set, only_launched: bool):

@@ -124,6 +124,25 @@ def _v2_default(module, args) -> str:
     return found.popitem()[1] if found else v2_pipeline(args.max_batch)
 
 
+def _library_why(module, names: list, max_batch: int) -> str:
+    """Why lowering v2's default pipeline of ``module`` has no fused passes: ops no fused
+    kernel takes (named with their line), else the batch bucket or the cost table."""
+    from fusionc.lower.match_v2 import unfused_ops
+    from fusionc.runtime.pipelines import first_passes
+    graphs = [g for g in module.graphs if g.kind == "graph"]
+    rest = [unfused_ops(first_passes(g)) for g in graphs]
+    if graphs and all(rest):
+        ops = ", ".join(f"{op.name} at {op.loc}" if op.loc else op.name
+                        for op in sum(rest, [])[:4])
+        return f" (lowering v2 takes the library path: no fused kernel takes {ops})"
+    path = "the mixed path (cuBLAS GEMMs around attention units)" \
+        if "attention-units" in names else "the library path"
+    return (f" (lowering v2 takes {path} at --max-batch {max_batch}:"
+            " past the fused bucket or where the cost table measured it faster; the"
+            " fused kernels: --passes \"$(python -c 'from fusionc.passes.stream"
+            f" import v2_pipeline; print(v2_pipeline({max_batch}))')\")")
+
+
 def run_passes(module, args):
     """Run ``--passes`` or the default pipeline up to ``--after``; print the cost table."""
     from fusionc.cost.model import cost_table
@@ -144,12 +163,7 @@ def run_passes(module, args):
             why = ""
             if "lower-library" in names and not args.passes and \
                     getattr(args, "lowering", "v1") == "v2":
-                path = "the mixed path (cuBLAS GEMMs around attention units)" \
-                    if "attention-units" in names else "the library path"
-                why = (f" (lowering v2 takes {path} at --max-batch {args.max_batch}:"
-                       " past the fused bucket or where the cost table measured it faster; the"
-                       " fused kernels: --passes \"$(python -c 'from fusionc.passes.stream"
-                       f" import v2_pipeline; print(v2_pipeline({args.max_batch}))')\")")
+                why = _library_why(module, names, args.max_batch)
             raise PassError(f"--after {args.after}: no such pass in the pipeline{why}",
                             valid=", ".join(names))
         passes = passes[:names.index(args.after) + 1]

@@ -228,3 +228,15 @@ def test_v1_options_with_lowering_v2_are_refused(capsys, tmp_path):
     code, _, err = run_cli(capsys, "compile", *GRAPHS_V2, "--lowering", "v2", "--cluster", 4,
                            "-o", tmp_path)
     assert code == 1 and "with --lowering v2" in err, err
+
+
+def test_ir_after_a_fused_pass_names_the_ops_no_kernel_takes(capsys, tmp_path):
+    """A graph of ops no fused kernel takes (a lone embedding) blames them, not the bucket."""
+    src = tmp_path / "ends.py"
+    src.write_text("import fusionc as fc\n\n\ndef build():\n    @fc.graph\n"
+                   "    def embed(table: fc.f16[100, 64], tokens: fc.i32['B']):\n"
+                   "        return fc.embedding(table, tokens, name='x')\n"
+                   "    return fc.module(embed)\n")
+    code, _, err = run_cli(capsys, "ir", str(src), "--lowering", "v2", "--after", "smem-plan")
+    assert code == 1 and "no fused kernel takes embedding at" in err, err
+    assert "fused bucket" not in err, err

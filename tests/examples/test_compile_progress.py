@@ -43,3 +43,14 @@ def test_library_calls_are_named(capsys, tmp_path):
     assert code == 0
     note = [x for x in lines if x.startswith("@mlp: ")]
     assert note and "library call" in note[0] and "no fused kernel" in note[0], lines
+
+
+def test_stale_stages_removed(capsys, tmp_path):
+    """A second compile into the same folder leaves only its own stage files."""
+    (tmp_path / "mlp.9-old-pass.fir").write_text("stale")
+    (tmp_path / "mlp_other.1-x.fir").write_text("another graph's")
+    code, _ = run_cli(capsys, "compile", "examples/llama2_7b.py", "-o", str(tmp_path),
+                      "--graph", "mlp", "--no-check", *SMALL)
+    assert code == 0
+    assert not (tmp_path / "mlp.9-old-pass.fir").exists()
+    assert (tmp_path / "mlp_other.1-x.fir").exists() and (tmp_path / "mlp.0-input.fir").exists()
