@@ -225,11 +225,14 @@ class Decoder:
         import cupy
         g = self._chunk_graphs(chunk)
         attn, mlp = g["attention"], g["mlp"]
-        run = {"positions": cupy.asarray(positions, cupy.int32),
-               "seq_of": cupy.asarray(seq_of, cupy.int32)}
-        for w in self.layers:
-            x, _, _ = attn(x=x, **_pick(w, attn.params, "x"), **run)
-            (x,) = mlp(x=x, **_pick(w, mlp.params, "x"))
+        from fusionc.runtime.library_attention import host_mirrors
+        host = {"positions": np.asarray(positions, np.int32),
+                "seq_of": np.asarray(seq_of, np.int32)}
+        run = {k: cupy.asarray(v) for k, v in host.items()}
+        with host_mirrors(*((run[k], host[k]) for k in run)):   # no copy back per layer
+            for w in self.layers:
+                x, _, _ = attn(x=x, **_pick(w, attn.params, "x"), **run)
+                (x,) = mlp(x=x, **_pick(w, mlp.params, "x"))
         return x
 
     def _logits(self, x):

@@ -4,11 +4,13 @@ kernels and cuBLAS GEMMs (``cupy.matmul``), fp32 arithmetic, one rounding per op
 interpreter's rules (``fusionc/ir/ops/rope.py``, ``fusionc/ir/ops/chunk.py``).
 
 These run outside CUDA graphs (a prompt's chunks are not captured): :func:`chunk_attention`
-reads ``seq_of`` and ``positions`` to the host to cut the rows into sequences, and allocates its
+needs ``seq_of`` and ``positions`` on the host to cut the rows into sequences (a caller that has
+them passes them through :func:`host_mirrors`, else they are copied back), and allocates its
 fp32 scores. Storage dtypes as in :mod:`fusionc.runtime.library` (bf16 as uint16 bits).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -147,7 +149,7 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
         return
     hkv = k_cache.shape[2]
     g = h // hkv
-    seqs, pos = seq_of.get(), positions.get()
+    seqs, pos = _host(seq_of), _host(positions)
     from types import SimpleNamespace
 
     from fusionc.ir.ops.chunk import check_rows
@@ -175,6 +177,30 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
         else:   # a sequence outside the cache (the interpreter raises InputError)
             out[start:end] = 0
         start = end
+
+
+_MIRRORS: dict = {}   # (device pointer, size) -> the host copy a caller vouches for
+
+
+@contextlib.contextmanager
+def host_mirrors(*pairs):
+    """Within the block, :func:`chunk_attention` reads the host copy of each ``(device array,
+    numpy array)`` pair instead of copying the device array back (a device-to-host copy waits
+    for the stream: every layer of a chunk would stall). The caller keeps both alive and
+    unchanged inside the block."""
+    keys = [(d.data.ptr, d.size) for d, _ in pairs]
+    _MIRRORS.update({k: np.asarray(h) for k, (_, h) in zip(keys, pairs)})
+    try:
+        yield
+    finally:
+        for k in keys:
+            _MIRRORS.pop(k, None)
+
+
+def _host(x) -> np.ndarray:
+    """``x`` on the host: its mirror from :func:`host_mirrors`, else a copy back."""
+    m = _MIRRORS.get((x.data.ptr, x.size))
+    return m if m is not None else x.get()
 
 
 def _f32(x, dtype: str):
