@@ -36,15 +36,17 @@ def _up16(n: int) -> int:
 def geometry(op: Op, threads: int, max_batch: int) -> dict:
     """Heads, blocks, L, R, S, ring stages and the shared-memory layout (byte offsets) of the
     template: the ring ([STAGES][TOK][D + 8], also the merge's weights), the queries
-    ([HB][D + 8]), the new row, P ([HB][TOK + 8]), the scores ([HB][TOK] f32), m/l/alpha, RoPE's
+    ([HB][D + 8]), the new row, P ([HB][TOK + 8]), the scores' K parts ([KS][HB][TOK] f32: S
+    is split over K so that every warp has a part), m/l/alpha, RoPE's
     angles, the plan's sums and the unit prefix."""
     ql, cache = op.operands[1].type, op.operands[3].type
     heads, lat = ql.shape[1], ql.shape[2]
     d, S = cache.shape[2], cache.shape[1]
     hb, isz, warps = block_heads(heads), cache.dtype.itemsize, threads // 32
+    kparts = warps // (2 * (hb // 16))   # S: every warp, a (16 heads, 16 tokens) tile's K part
     step = TOK * (d + 8) * isz
     sizes = [("q", hb * (d + 8) * isz), ("new", d * isz), ("p", hb * (TOK + 8) * isz),
-             ("s", hb * TOK * 4), ("m", 3 * hb * 4), ("cs", (d - lat) * 4),
+             ("s", kparts * hb * TOK * 4), ("m", 3 * hb * 4), ("cs", (d - lat) * 4),
              ("red", 4 * (2 * WAVES + warps)), ("first", 4 * (max_batch + 1))]
     rest = sum(_up16(n) for _, n in sizes)
     merge = (MAX_SPLITS + 1) * hb * 4
@@ -55,7 +57,7 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     for name, n in sizes:
         off[name], at = at, at + _up16(n)
     return dict(H=heads, HB=hb, NB=head_blocks(heads), L=lat, R=d - lat, S=S, stages=stages,
-                off=off, smem=at)
+                off=off, smem=at, kparts=kparts)
 
 
 def _check(kernel: Graph, op: Op, geo: dict) -> None:
@@ -91,6 +93,7 @@ def generate_mla_units(kernel: Graph, options=None) -> KernelSource:
         H=geo["H"], HB=geo["HB"], NB=geo["NB"], L=geo["L"], R=geo["R"], S=geo["S"],
         nope=op.attr("nope"), tile=op.attr("tile"), tok=TOK, grid=op.attr("grid"),
         threads=threads, max_batch=mb, max_splits=MAX_SPLITS, wmax=WAVES, c0=UNIT_OVERHEAD,
+        kparts=geo["kparts"],
         CW=geo["L"] // (threads // 32 // (geo["HB"] // 16)),
         scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),
         inv_freq=freq, norm=len(op.operands) == 8, eps=repr(float(op.attr("eps"))), off=geo["off"],
