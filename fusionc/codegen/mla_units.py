@@ -16,6 +16,7 @@ from fusionc.codegen.source import KernelSource
 from fusionc.errors import CompileError
 from fusionc.ir.kernel import SMEM_LIMIT
 from fusionc.ir.nodes import Graph, Op
+from fusionc.ir.types import DType
 from fusionc.ir.ops.tile_attn_units import MAX_SPLITS, UNIT_OVERHEAD, WAVES
 from fusionc.ir.ops.tile_mla_units import block_heads, head_blocks, slots, unsupported
 from fusionc.ir.printer import print_graph
@@ -42,7 +43,7 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     ql, cache = op.operands[1].type, op.operands[3].type
     heads, lat = ql.shape[1], ql.shape[2]
     d, S = cache.shape[2], cache.shape[1]
-    hb, isz, warps = block_heads(heads), cache.dtype.itemsize, threads // 32
+    hb, isz, warps = block_heads(heads, cache.dtype), cache.dtype.itemsize, threads // 32
     kparts = warps // (2 * (hb // 16))   # S: every warp, a (16 heads, 16 tokens) tile's K part
     step = TOK * (d + 8) * isz
     sizes = [("q", hb * (d + 8) * isz), ("new", d * isz), ("p", hb * (TOK + 8) * isz),
@@ -56,7 +57,7 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     off, at = {}, _up16(max(stages * step, merge))
     for name, n in sizes:
         off[name], at = at, at + _up16(n)
-    return dict(H=heads, HB=hb, NB=head_blocks(heads), L=lat, R=d - lat, S=S, stages=stages,
+    return dict(H=heads, HB=hb, NB=head_blocks(heads, cache.dtype), L=lat, R=d - lat, S=S, stages=stages,
                 off=off, smem=at, kparts=kparts)
 
 
@@ -67,7 +68,7 @@ def _check(kernel: Graph, op: Op, geo: dict) -> None:
                    f"{kernel.attr('max_batch')} rows ({geo['smem']} bytes of shared memory)")
     if bad:
         raise CompileError("MLA units cannot take " + ", ".join(bad), op=op.name, loc=op.loc,
-                           valid="f16 or bf16, at most 128 heads, a latent dim a multiple of "
+                           valid="f16, bf16 or f32, at most 128 heads, a latent dim a multiple of "
                                  "64, a rope dim a multiple of 16, within 227 KB of shared "
                                  "memory (lowering v1 takes others up to 16 heads)")
 
@@ -93,7 +94,7 @@ def generate_mla_units(kernel: Graph, options=None) -> KernelSource:
         H=geo["H"], HB=geo["HB"], NB=geo["NB"], L=geo["L"], R=geo["R"], S=geo["S"],
         nope=op.attr("nope"), tile=op.attr("tile"), tok=TOK, grid=op.attr("grid"),
         threads=threads, max_batch=mb, max_splits=MAX_SPLITS, wmax=WAVES, c0=UNIT_OVERHEAD,
-        kparts=geo["kparts"],
+        kparts=geo["kparts"], fma=op.operands[0].type.dtype == DType.f32,
         CW=geo["L"] // (threads // 32 // (geo["HB"] // 16)),
         scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),
         inv_freq=freq, norm=len(op.operands) == 8, eps=repr(float(op.attr("eps"))), off=geo["off"],

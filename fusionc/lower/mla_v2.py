@@ -193,7 +193,7 @@ def refuse_unmatched(g: Graph, cores) -> None:
         bad = _bad(by_id[id(op)])
         if bad:
             raise LoweringError("the MLA units cannot take " + ", ".join(bad), op=op.name,
-                                loc=op.loc, valid="f16 or bf16, at most 128 heads, a latent "
+                                loc=op.loc, valid="f16, bf16 or f32, at most 128 heads, a latent "
                                 "dim a multiple of 64 and a rope dim a multiple of 16")
 
 

@@ -25,7 +25,7 @@ from tests.passes.graphs import inputs, rel_err
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 deepseek = importlib.import_module("deepseek_v2_lite")
-TOL = {"f16": 2e-3, "bf16": 8e-3}
+TOL = {"f16": 2e-3, "bf16": 8e-3, "f32": 1e-4}
 
 
 def block(dtype="bf16", **kw):
@@ -59,12 +59,14 @@ def test_partition_units_makes_linears_host_gemms_and_one_mla_units_kernel():
                                                 (100, 64, 2)])
 def test_heads_come_in_blocks_of_16_32_or_64(heads, block, blocks):
     assert (block_heads(heads), head_blocks(heads)) == (block, blocks)
+    from fusionc.ir.types import DType
+    assert (block_heads(heads, DType.f32), head_blocks(heads, DType.f32)) == (16, -(-heads // 16))
 
 
 CONFIGS = st.fixed_dictionaries({
     "heads": st.sampled_from([1, 3, 16, 17, 40, 64, 100, 128]),
     "latent_rope": st.sampled_from([(64, 16), (128, 32), (64, 48)]),
-    "dtype": st.sampled_from(["f16", "bf16"]),
+    "dtype": st.sampled_from(["f16", "bf16", "f32"]),
     "lens": st.lists(st.integers(0, 300), min_size=1, max_size=4),
 })
 
@@ -135,15 +137,16 @@ def test_mla_stays_on_v1_by_default_where_v1_was_tested():
     assert default_lowering(g) == "v1"            # 3 heads, 8 rows: v1's tested range
     assert default_lowering(g, max_batch=64) == "v2"   # no v1 configuration at 64 rows
     assert default_lowering(block(heads=128).graphs[0]) == "v2"   # v1 takes 16 heads at most
-    assert default_lowering(block("f32", heads=128).graphs[0]) == "v1"   # v2 cannot: v1 names it
+    assert default_lowering(block("f32", heads=128).graphs[0]) == "v2"   # fp32 by FMA
     pipe = v2_default_pipeline(g, 8)   # the fused kernels (wide tiles where measured faster)
     assert "partition-units" in pipe and "lower-library" not in pipe
 
 
-def test_v2_refuses_f32_and_odd_latent_sizes_by_name():
-    with pytest.raises(LoweringError) as e:
-        run_pipeline(block("f32"), v2_pipeline(4))
-    assert e.value.op == "mla_decode_attention" and "dtype f32" in str(e.value)
+def test_v2_refuses_odd_latent_sizes_and_other_dtypes_by_name():
+    from fusionc.ir.ops.tile_mla_units import unsupported
+    from fusionc.ir.types import DType
+    assert unsupported(DType.f32, 128, 512, 64) == []   # fp32 by FMA
+    assert "dtype f64" in unsupported(DType.f64, 16, 512, 64)[0]
     with pytest.raises(LoweringError) as e:
         run_pipeline(block(kv_lora=96), v2_pipeline(4))
     assert "latent dim 96" in str(e.value)
@@ -163,7 +166,9 @@ def test_an_unmatched_mla_attention_is_named():
 
 @pytest.mark.parametrize("heads,hidden,dtype,regs", [(16, 2048, "bf16", 255),
                                                      (128, 7168, "bf16", 255),
-                                                     (3, 256, "f16", 255)])
+                                                     (3, 256, "f16", 255),
+                                                     (16, 2048, "f32", 255),
+                                                     (128, 7168, "f32", 255)])
 def test_mla_units_compile_without_spills(heads, hidden, dtype, regs):
     from fusionc.codegen.compile import compile_kernel
     m = deepseek.build(hidden=hidden, heads=heads, dtype=dtype)
@@ -173,6 +178,7 @@ def test_mla_units_compile_without_spills(heads, hidden, dtype, regs):
     assert ck.spills == 0, ck.report()
     src = ck.source
     assert src.blocks == 132 and src.smem_bytes <= 232448 and src.pdl and src.resident
-    assert src.counters == 16 * head_blocks(heads) + 1
+    from fusionc.ir.types import DType
+    assert src.counters == 16 * head_blocks(heads, DType(dtype)) + 1
     assert "fc_counter_arrive(cnt) == static_cast<unsigned>(splits - 1)" in src.source
     assert "fc_counter_wait<" not in src.source   # nothing waits

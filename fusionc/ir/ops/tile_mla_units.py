@@ -19,7 +19,7 @@ every SM, 1 to 128 heads (issue 27).
       probabilities are rounded to the dtype before P·V (tensor-core operands) while l sums
       them in fp32, as in ``attn_units``.
 
-    **Work units**: the heads in blocks of :func:`block_heads` (16, 32 or 64: one to four
+    **Work units**: the heads in blocks of :func:`block_heads` (16, 32 or 64, fp32 16: one to four
     16-row tensor-core tiles); unit (b, c, j) is chunk c of head block j of row b, numbered in
     that order, the chunks from ``attn_units``' split plan with the head blocks in place of KV
     heads (:func:`fusionc.ir.ops.tile_attn_units.split_plan`, computed on the device from
@@ -46,23 +46,26 @@ from fusionc.ir.types import DType
 MAX_HEADS = 128   # DeepSeek-V3; more would only need more head blocks
 
 
-def block_heads(heads: int) -> int:
+def block_heads(heads: int, dtype: DType | None = None) -> int:
     """Query heads of one unit: 16, 32 or 64 (one, two or four 16-row mma tiles), the fewest
-    that hold ``heads`` up to 64; 64 above (blocks of 64, the last one padded)."""
+    that hold ``heads`` up to 64; 64 above (blocks of 64, the last one padded). fp32 (FMA, rows
+    of 4 bytes in shared memory): always 16."""
+    if dtype == DType.f32:
+        return 16
     return 16 if heads <= 16 else 32 if heads <= 32 else 64
 
 
-def head_blocks(heads: int) -> int:
+def head_blocks(heads: int, dtype: DType | None = None) -> int:
     """Head blocks of a row: ⌈heads / block_heads⌉."""
-    return -(-heads // block_heads(heads))
+    return -(-heads // block_heads(heads, dtype))
 
 
 def unsupported(dtype: DType, heads: int, latent: int, rope: int) -> list[str]:
     """Why the MLA units cannot take this geometry (empty: they can); the code generator and
     the default lowering both ask this."""
     bad = []
-    if dtype not in (DType.f16, DType.bf16):
-        bad.append(f"dtype {dtype} (tensor cores: f16 or bf16)")
+    if dtype not in (DType.f16, DType.bf16, DType.f32):
+        bad.append(f"dtype {dtype} (f16 or bf16 on tensor cores, f32 by FMA)")
     if heads > MAX_HEADS:
         bad.append(f"{heads} heads (at most {MAX_HEADS})")
     if latent % 64:
@@ -140,7 +143,8 @@ def _simulate(op, args, cta):
     q, ql, kva, pos, lens = (read(op.operands[i]) for i in (0, 1, 2, 4, 5))
     kv_norm = read(op.operands[7]) if len(op.operands) == 8 else None
     heads, lat, rope, S = _dims(op)
-    hb, nb, grid = block_heads(heads), head_blocks(heads), op.attr("grid")
+    dt = op.operands[0].type.dtype
+    hb, nb, grid = block_heads(heads, dt), head_blocks(heads, dt), op.attr("grid")
     L, splits = split_plan(lens, nb, grid, S, op.attr("tile"))
     first = np.concatenate([[0], np.cumsum(splits * nb)])
     store = mem.__dict__.setdefault("attn_slots", {})
