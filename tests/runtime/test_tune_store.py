@@ -45,6 +45,12 @@ def test_compile_uses_the_stored_choice(tmp_store):
     assert next(iter(explicit.kernels.values())).source.cluster == c0
 
 
+def test_v1_candidates_vary_only_where_a_cluster_kernel_is():
+    from fusionc.tune.search import candidates
+    assert len(candidates(_mlp(), 4, "v1")) == 1   # an MLP lowers on v2's kernels under v1
+    assert len(candidates(None, 4, "v1")) == 20
+
+
 def test_v2_candidates_by_graph_and_batch():
     from fusionc.tune.search import V2Choice, candidates
     g = _mlp()
