@@ -16,11 +16,11 @@ every SM, 1 to 128 heads (issue 27).
     - per head h the query [q_latent[b, h] ; rope(q_rope[b, h])] against the first
       n = clamp(seq_lens[b], 0, S) cache rows (the row at positions[b] read as just appended):
       s_t = scale · q · row_t, o = Σ_t softmax(s)_t · row_t[:L]; n = 0 gives 0. The
-      probabilities are rounded to the dtype before P·V (tensor-core operands) while l sums
-      them in fp32, as in ``attn_units``.
+      probabilities are rounded to the dtype before P·V (tensor-core operands; fp32 rounds
+      nothing: FMA) while l sums them in fp32, as in ``attn_units``.
 
-    **Work units**: the heads in blocks of :func:`block_heads` (16, 32 or 64, fp32 16: one to four
-    16-row tensor-core tiles); unit (b, c, j) is chunk c of head block j of row b, numbered in
+    **Work units**: the heads in blocks of :func:`block_heads` (16, 32 or 64: one to four
+    16-row tiles of the mma, whose fragment layout fp32's FMA keeps; fp32 always 16); unit (b, c, j) is chunk c of head block j of row b, numbered in
     that order, the chunks from ``attn_units``' split plan with the head blocks in place of KV
     heads (:func:`fusionc.ir.ops.tile_attn_units.split_plan`, computed on the device from
     ``seq_lens``). The head blocks of one chunk are neighbours, so they read its rows while
