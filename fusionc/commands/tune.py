@@ -46,7 +46,7 @@ def setup(p):
                 else args.lowering
             if args.compile_only:
                 n = len(compile_candidates(g, args.batch, args.kv_len, lowering=low))
-                print(f"@{g.name}: {n} candidates of lowering {low} compiled")
+                print(f"@{g.name}: {n} candidate{'' if n == 1 else 's'} of lowering {low} compiled")
                 continue
             best, results = autotune(g, args.batch, args.kv_len, lowering=low)
             for ch, us in sorted(results, key=lambda r: r[1])[:5]:
