@@ -38,8 +38,8 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     """Heads, blocks, L, R, S, ring stages and the shared-memory layout (byte offsets) of the
     template: the ring ([STAGES][TOK][D + 8], also the merge's weights), the queries
     ([HB][D + 8]), the new row, P ([HB][TOK + 8]), the scores' K parts ([KS][HB][TOK] f32: S
-    is split over K so that every warp has a part), m/l/alpha, RoPE's
-    angles, the plan's sums and the unit prefix."""
+    is split over K so that every warp has a part), m/l/alpha, RoPE's angles, the plan's sums
+    and the unit prefix."""
     ql, cache = op.operands[1].type, op.operands[3].type
     heads, lat = ql.shape[1], ql.shape[2]
     d, S = cache.shape[2], cache.shape[1]
@@ -57,8 +57,8 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     off, at = {}, _up16(max(stages * step, merge))
     for name, n in sizes:
         off[name], at = at, at + _up16(n)
-    return dict(H=heads, HB=hb, NB=head_blocks(heads, cache.dtype), L=lat, R=d - lat, S=S, stages=stages,
-                off=off, smem=at, kparts=kparts)
+    return dict(H=heads, HB=hb, NB=head_blocks(heads, cache.dtype), L=lat, R=d - lat, S=S,
+                stages=stages, off=off, smem=at, kparts=kparts)
 
 
 def _check(kernel: Graph, op: Op, geo: dict) -> None:
@@ -68,9 +68,9 @@ def _check(kernel: Graph, op: Op, geo: dict) -> None:
                    f"{kernel.attr('max_batch')} rows ({geo['smem']} bytes of shared memory)")
     if bad:
         raise CompileError("MLA units cannot take " + ", ".join(bad), op=op.name, loc=op.loc,
-                           valid="f16, bf16 or f32, at most 128 heads, a latent dim a multiple of "
-                                 "64, a rope dim a multiple of 16, within 227 KB of shared "
-                                 "memory (lowering v1 takes others up to 16 heads)")
+                           valid="f16, bf16 or f32, at most 128 heads, a latent dim a "
+                                 "multiple of 64, a rope dim a multiple of 16, within 227 KB "
+                                 "of shared memory (lowering v1 takes others up to 16 heads)")
 
 
 def generate_mla_units(kernel: Graph, options=None) -> KernelSource:

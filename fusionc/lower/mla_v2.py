@@ -193,8 +193,8 @@ def refuse_unmatched(g: Graph, cores) -> None:
         bad = _bad(by_id[id(op)])
         if bad:
             raise LoweringError("the MLA units cannot take " + ", ".join(bad), op=op.name,
-                                loc=op.loc, valid="f16, bf16 or f32, at most 128 heads, a latent "
-                                "dim a multiple of 64 and a rope dim a multiple of 16")
+                                loc=op.loc, valid="f16, bf16 or f32, at most 128 heads, a "
+                                "latent dim a multiple of 64 and a rope dim a multiple of 16")
 
 
 def lower_core(core: MLACore, name: str, max_batch: int) -> Graph:

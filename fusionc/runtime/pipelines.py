@@ -58,7 +58,7 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     left = unfused_ops(g)   # the library runs them, or partition-units names them
     runs = bool(left) and all(op.name in LIBRARY_OPS for op in left)
     path = H200.v2_path(rows)
-    if any(op.name in ("decode_attention", "mla_decode_attention") for op in g.body):
+    if any(op.name in ATTENTION_OPS for op in g.body):
         # no library attention
         if _mixed_rows(rows, top) or left:
             bad = _not_mixed(g)
@@ -119,9 +119,8 @@ def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
 def _mla_lowering(g: Graph, max_batch: int) -> str:
     """An MLA graph's default: v1's five-phase kernel where it was tested on the GPU (at most
     16 heads and 16 rows, and f32 up to 16 heads), else v2's MLA units where they take the
-    graph (their GPU tests are
-    still to run: DESIGN §7.8 makes v2 the default once they pass), else v1 (which names what
-    it refuses)."""
+    graph (their GPU tests are still to run: DESIGN §7.8 makes v2 the default once they pass),
+    else v1 (which names what it refuses)."""
     from fusionc.ir.types import DType
     from fusionc.lower import mla_v2
     from fusionc.lower.mla import V1_MAX_HEADS, V1_TESTED_ROWS
@@ -210,6 +209,7 @@ def _rows(g: Graph, max_batch: int) -> int:
 
 
 PREFILL_TOKENS = 256
+ATTENTION_OPS = frozenset({"decode_attention", "mla_decode_attention"})   # v1's cluster blocks
 _DECODE_ONLY = ("decode_attention", "kv_cache_append", "mla_decode_attention", "rope")
 
 

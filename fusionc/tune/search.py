@@ -53,9 +53,6 @@ class V2Choice:
         return self.path + (" chained" if self.chain and self.path != "library" else "")
 
 
-_V1_BLOCK_OPS = frozenset({"decode_attention", "mla_decode_attention"})   # v1's cluster blocks
-
-
 def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1") -> list:
     """Lowering v1: cluster sizes x QKV schemes x gemv loads in flight (one candidate for a
     graph without an attention block: v1 lowers it on v2's streamed kernels). Lowering v2:
@@ -64,7 +61,8 @@ def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1")
     the library has no attention; an attending graph has the mixed path instead, GEMMs around
     attention units)."""
     if lowering == "v1":
-        if g is not None and not any(op.name in _V1_BLOCK_OPS for op in g.body):
+        from fusionc.runtime.pipelines import ATTENTION_OPS
+        if g is not None and not any(op.name in ATTENTION_OPS for op in g.body):
             return [Choice(1, "splitk", 16)]   # no cluster kernel: the choices change nothing
         return [Choice(c, s, u) for c in (1, 2, 4, 8, 16) for s in ("splitk", "splitn")
                 for u in (8, 16)]

@@ -20,13 +20,14 @@ every SM, 1 to 128 heads (issue 27).
       nothing: FMA) while l sums them in fp32, as in ``attn_units``.
 
     **Work units**: the heads in blocks of :func:`block_heads` (16, 32 or 64: one to four
-    16-row tiles of the mma, whose fragment layout fp32's FMA keeps; fp32 always 16); unit (b, c, j) is chunk c of head block j of row b, numbered in
-    that order, the chunks from ``attn_units``' split plan with the head blocks in place of KV
-    heads (:func:`fusionc.ir.ops.tile_attn_units.split_plan`, computed on the device from
-    ``seq_lens``). The head blocks of one chunk are neighbours, so they read its rows while
-    the others keep them in L2. The chunk 0 unit of block 0 does the append. Partials
-    (m, l, o) go to global slots; the unit that counts last on the (b, j) counter merges them in
-    chunk order and sets it back to zero, as ``attn_units`` does.
+    16-row tiles of the mma, whose fragment layout fp32's FMA keeps; fp32 always 16); unit
+    (b, c, j) is chunk c of head block j of row b, numbered in that order, the chunks from
+    ``attn_units``' split plan with the head blocks in place of KV heads
+    (:func:`fusionc.ir.ops.tile_attn_units.split_plan`, computed on the device from
+    ``seq_lens``). The head blocks of one chunk are neighbours, so they read its rows while the
+    others keep them in L2. The chunk 0 unit of block 0 does the append. Partials (m, l, o) go
+    to global slots; the unit that counts last on the (b, j) counter merges them in chunk order
+    and sets it back to zero, as ``attn_units`` does.
 """
 from __future__ import annotations
 
