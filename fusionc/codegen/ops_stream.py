@@ -5,13 +5,14 @@ are ``fc_u`` (unit), ``fc_j`` (the CTA's ``j``-th unit), ``fc_g`` (group), ``fc_
 :mod:`fusionc.stream.ring` (the simulator's definition)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fusionc.codegen import cnames
 from fusionc.errors import CompileError
 from fusionc.ir.kernel import ring_geometry
 from fusionc.ir.nodes import Op
-from fusionc.stream.ring import empty_parity_c, full_parity_c
+from fusionc.stream.ring import empty_parity_c, full_parity_c, head_column_c
 
 
 @dataclass
@@ -73,8 +74,9 @@ def _issue(op, ctx):
     ph = ctx.phase
     if "fc_issue_w" not in ph.producer_setup:
         ph.producer_setup += _weight_prologue(ctx, geo, w, x)
+    x0 = head_column_c("fc_g", geo.rows, op.attr("head_rows"), op.attr("head_cols"))
     xs = "\n".join(f"  fc_tma_2d(stage + {geo.box_offset('x', h)}, &{tmap(x)}, "
-                   f"fc_s * {geo.cols} + {h * geo.box_cols}, 0, &fc_full[st], fc_pol_x);"
+                   f"{x0}fc_s * {geo.cols} + {h * geo.box_cols}, 0, &fc_full[st], fc_pol_x);"
                    for h in (0, 1))
     return f"""const int st = fc_j % {geo.stages};
 unsigned char* stage = fc_ring + st * {geo.stage_bytes};
@@ -191,6 +193,10 @@ def _gemv(op, ctx):
     rms = "fc_rms" if len(op.operands) == 5 else "nullptr"
     _acc_decl(ctx, acc)
     if p.path == "plain":
+        if op.attr("head_rows"):
+            raise CompileError("a block-diagonal linear on the plain-load path", op=op.name,
+                               loc=op.loc, valid="rows TMA copies (the lowering keeps other "
+                               "head_linear ops on the host)")
         if "fc_grid_dependency_wait" not in ctx.consumer_setup:
             ctx.consumer_setup += "fc_grid_dependency_wait();  // PDL: x from the previous kernel\n"
         return (f"fc_acc_fma_global<{p.rows // 16}, {p.max_batch}, {v}, {ct}>(fc_acc, "
@@ -238,7 +244,7 @@ def _flush(op, ctx):
     ctx.epilogues.append(epilogue.c_struct(steps, cnames.ctype(y.type.dtype),
                                            [cnames.ctype(v.type.dtype) for v in extras],
                                            ph.split, epi))
-    n = y.type.shape[1]
+    n = math.prod(y.type.shape[1:])   # a rank-3 output is [B, H·N] flat
     m = cnames.dim(y.type.shape[0])
     half = p.rows // 2 if epilogue.paired(steps) else p.rows
     ptrs = ", ".join([ctx.ptr(y)] + [ctx.ptr(v) for v in extras])

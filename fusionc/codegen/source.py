@@ -23,6 +23,7 @@ class KernelParam:
     value: Value | None = None
     symbol: str | None = None
     box: tuple[int, ...] = ()
+    lead: int = 1   # tensormap: leading dims that form the rows (fusionc.stream.ring.matrix_lead)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from fusionc.ir.registry import lookup
 from fusionc.ir.printer import print_graph
 from fusionc.ir.types import DType
 from fusionc.lower.linear_v2 import ROWS, WIDE_ROWS
+from fusionc.stream.ring import matrix_lead
 
 TILE_ROWS = (ROWS, WIDE_ROWS)   # weight rows per tile the generator takes
 
@@ -386,10 +387,12 @@ def _params(kernel: Graph, p: StreamPlan) -> list[KernelParam]:
     geo = ring_geometry(p.ring) if p.ring is not None else None
     for op in issues:
         wbox = geo.rows // 2 if op.attr("split") else geo.rows
-        for v, rows in ((op.operands[1], wbox), (op.operands[2], geo.xbox_rows)):
+        for v, rows, role in ((op.operands[1], wbox, "w"),
+                              (op.operands[2], geo.xbox_rows, "x")):
             if any(kp.name == tmap(v) for kp in out):
                 continue
             out.append(KernelParam(tmap(v), "tensormap",
                                    f"const __grid_constant__ FcTensorMap {tmap(v)}", value=v,
-                                   box=(geo.box_cols, rows)))
+                                   box=(geo.box_cols, rows),
+                                   lead=matrix_lead(v.type.rank, role)))
     return out + tail_params(kernel)

@@ -108,8 +108,9 @@ def streamed_cost(k: Graph, batch: int = 1, device: Device = H200) -> KernelCost
         item = gemv.operands[2].type.dtype.itemsize
         flush = next(op for op in units.regions[0] if op.name == "group_flush")
         out = flush.operands[1].type
-        read += n * kk * item + batch * kk * item
-        written += batch * out.shape[-1] * out.dtype.itemsize
+        heads = n // gemv.attr("head_rows") if gemv.attr("head_rows") else 1   # per head
+        read += n * kk * item + batch * heads * kk * item
+        written += batch * math.prod(out.shape[1:]) * out.dtype.itemsize
         flops += 2 * batch * n * kk
     grid = k.attr("grid")
     est = (read + written) / device.copy_bandwidth + device.launch_s

@@ -44,8 +44,8 @@ def fused_rows(g: Graph) -> int | None:
     """The largest batch bucket every linear of graph ``g`` takes on lowering v2 (None: no
     linear); above it ``fusionc.compile`` takes the library path (also below it, where
     ``fusionc.cost.h200.Device.v2_path`` says so)."""
-    tops = [max_rows(op.operands[0].type.dtype, op.operands[1].type.shape[1])
-            for op in g.body if op.name == "linear"]
+    tops = [max_rows(op.operands[0].type.dtype, op.operands[1].type.shape[-1])
+            for op in g.body if op.name in ("linear", "head_linear")]
     return min(tops) if tops else None
 
 
@@ -56,15 +56,16 @@ def tile_cols(dtype: DType) -> int:
 
 def check_linear(op: Op, max_batch: int) -> None:
     """LoweringError unless ``op`` is a linear layer the v2 kernel lowers: x ``[B, K]``, a static
-    weight ``[N, K]`` of a float dtype, and a batch bucket of at most :func:`max_rows` rows."""
+    weight ``[N, K]`` of a float dtype, and a batch bucket of at most :func:`max_rows` rows
+    (a ``head_linear``: x ``[B, H, K]`` and weight ``[H, N, K]``)."""
     x, w = op.operands[0].type, op.operands[1].type
-    if x.rank != 2:
+    if x.rank != (3 if op.name == "head_linear" else 2):
         raise LoweringError(f"linear on x {x}", op=op.name, loc=op.loc,
                             valid="x of shape [B, K] (reshape to rows first)")
     if not w.is_static or x.dtype not in FLOAT_DTYPES:
         raise LoweringError(f"weight {w}", op=op.name, loc=op.loc,
                             valid="a static [N, K] weight of f16, bf16 or f32")
-    top = max_rows(x.dtype, w.shape[1])
+    top = max_rows(x.dtype, w.shape[-1])
     if isinstance(x.shape[0], int) and x.shape[0] > top or max_batch > top:
         path = "tensor-core" if top == MAX_BATCH_MMA else "FMA"
         raise LoweringError(f"{max(max_batch, x.shape[0] if isinstance(x.shape[0], int) else 0)}"
@@ -103,9 +104,13 @@ def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None,
     ``units`` region (phase) per linear, in order; phase ``p + 1`` reads phase ``p``'s output
     in K chunks whose producer groups' flushes signal a counter per chunk (``group_flush
     {signal, per}``), which its producer waits on (``counter_wait {slot = step, reset = exit}``)
-    before the chunk's activation boxes; its weight boxes need no wait. Arguments as
-    :func:`lower_linear`; LoweringError as :func:`check_linear`."""
+    before the chunk's activation boxes; its weight boxes need no wait. A block-diagonal
+    phase (``head_linear``: ``acc_gemv {head_rows, head_cols}``) whose heads are no multiple of
+    ``rows`` makes the kernel take 64-row tiles. Arguments as :func:`lower_linear`;
+    LoweringError as :func:`check_linear`."""
     ops = [s.linear for s in specs]
+    if any(s.head_rows % rows for s in specs):
+        rows = ROWS   # a head of 64 rows: 64-row tiles stay inside one head
     for op in ops:
         x = op.operands[0]
         if isinstance(x.type.shape[0], int):   # a static batch sizes the kernel itself
@@ -122,7 +127,7 @@ def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None,
         norm = (pg, b.op("row_rms", px, eps=first.norm.attr("eps"), hint="rms",
                          loc=first.norm.loc))
     else:
-        px = b.param(first.linear.operands[0])
+        px = b.param(first.xin)
     acc = b.op("acc_alloc", types=[TensorType(DType.f32, (px.type.shape[0], rows))],
                hint="acc")
     count = 0
@@ -136,7 +141,7 @@ def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None,
 
 def _check_rows(op: Op, rows: int) -> None:
     w = op.operands[1].type
-    if rows == ROWS or rows == WIDE_ROWS and max_rows(w.dtype, w.shape[1]) == MAX_BATCH_MMA:
+    if rows == ROWS or rows == WIDE_ROWS and max_rows(w.dtype, w.shape[-1]) == MAX_BATCH_MMA:
         return
     raise LoweringError(f"tiles of {rows} weight rows", op=op.name, loc=op.loc,
                         valid=f"{ROWS}, or {WIDE_ROWS} on the tensor-core path (f16 / bf16 rows "
@@ -145,7 +150,7 @@ def _check_rows(op: Op, rows: int) -> None:
 
 def _geometry(spec, rows: int) -> tuple[int, int, int]:
     """(units, units per group, output columns per group) of one linear's phase."""
-    n, k = spec.linear.operands[1].type.shape
+    n, k = spec.nk
     kt = -(-k // tile_cols(spec.linear.operands[1].type.dtype))
     half = rows // 2 if spec.split else rows
     return -(-(spec.split or n) // half) * kt, kt, half
@@ -157,7 +162,7 @@ def _phase(b: KernelBuilder, spec, acc: Value, px: Value, norm: tuple, i: int, n
     op = spec.linear
     w = op.operands[1]
     bias = op.operands[2] if len(op.operands) == 3 else None
-    n, k = w.type.shape
+    n, k = spec.nk
     cols = tile_cols(w.type.dtype)
     count, kt, half = _geometry(spec, rows)
     pw = b.param(w)
@@ -181,7 +186,7 @@ def _phase(b: KernelBuilder, spec, acc: Value, px: Value, norm: tuple, i: int, n
                      target=cols // phalf, total=-(-pcount // pkt), reset="exit",
                      warp="producer")
         b.op("acc_gemv", acc, px, pw, *norm, rows=rows, cols=cols, n=n, k=k, split=spec.split,
-             loc=op.loc)
+             head_rows=spec.head_rows, head_cols=spec.head_cols, loc=op.loc)
         b.op("group_flush", acc, py, *extras, rows=rows, epilogue=",".join(steps), loc=op.loc,
              **signal)
     return py, count

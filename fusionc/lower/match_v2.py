@@ -16,6 +16,10 @@ Each absorbed op reads its operand rounded to that value's dtype (a ``round_*`` 
 graph computes it. What a kernel absorbs is never materialized; every other op must itself be a
 kernel's output.
 
+**Heads** (:func:`head_kernels`): a ``head_linear`` (MLA's absorbed W_UK and W_UV) is a
+block-diagonal kernel over its weight's ``[H·N, K]`` row view (:mod:`fusionc.lower.match_heads`),
+in program order among the linears; it may start a chain, never continue one.
+
 **Chains** (:func:`chains`): a linear kernel whose x is the previous one's output, used by it
 alone, runs as the next phase of the same persistent kernel (the MLP's gate/up then down), when
 both stream their tiles through the ring (row bytes a multiple of 16) in one dtype and it has no
@@ -23,6 +27,7 @@ RMSNorm prologue.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fusionc.ir.nodes import Graph, Op, Value, users
@@ -40,6 +45,30 @@ class LinearKernel:
     steps: list = field(default_factory=list)     # (epilogue step, its tensor or None)
     out: Value | None = None
     absorbed: list = field(default_factory=list)  # graph ops folded in (not the linear)
+    x: Value | None = None            # the activations read, when not the op's x (head views)
+    head_cols: int = 0                # block-diagonal (head_linear): x columns per head
+
+    @property
+    def heads(self) -> int:
+        """Heads of a block-diagonal kernel (``head_linear``), else 0."""
+        w = self.linear.operands[1].type
+        return w.shape[0] if self.linear.name == "head_linear" else 0
+
+    @property
+    def nk(self) -> tuple[int, int]:
+        """(N, K) of the weight's 2D row view (``[H, N/H, K]`` is ``[N, K]``)."""
+        w = self.linear.operands[1].type
+        return math.prod(w.shape[:-1]), w.shape[-1]
+
+    @property
+    def head_rows(self) -> int:
+        """Weight rows per head (0: not block-diagonal)."""
+        return self.linear.operands[1].type.shape[1] if self.heads else 0
+
+    @property
+    def xin(self) -> Value:
+        """The activations the kernel reads."""
+        return self.x if self.x is not None else self.linear.operands[0]
 
 
 def _only_use(name: str, use: dict, outputs: set) -> Op | None:
@@ -53,7 +82,7 @@ def unfused_ops(g: Graph) -> list[Op]:
     by name, and what sends ``fusionc.compile``'s v2 default to the library path (e.g. an
     elementwise graph without a linear, a norm with other uses)."""
     found = linear_kernels(g)
-    folded = {id(o) for k in found for o in k.absorbed}
+    folded = {id(o) for k in found for o in k.absorbed + [k.linear]}   # head_linear too
     folded |= {id(k.norm) for k in found if k.norm is not None}
     from fusionc.lower.attention_v2 import attention_cores
     from fusionc.lower.mla_v2 import host_ops, mla_cores
@@ -72,7 +101,10 @@ def linear_kernels(g: Graph) -> list[LinearKernel]:
     use, outputs = users(g), {v.name for v in g.outputs}
     order = {r.name: i for i, op in enumerate(g.body) for r in op.results}
     out = []
+    heads = head_kernels(g)
     for i, op in enumerate(g.body):
+        if id(op) in heads:
+            out.append(heads[id(op)])
         if op.name != "linear":
             continue
         k = LinearKernel(op)
@@ -174,11 +206,18 @@ def chains(g: Graph, kernels: list[LinearKernel]) -> list[list[LinearKernel]]:
 def _chains(a: LinearKernel, b: LinearKernel, use: dict, outputs: set) -> bool:
     x = b.linear.operands[0]
     wa, wb = a.linear.operands[1].type, b.linear.operands[1].type
-    ring = all(w.is_static and tma_rows(w.shape[1], w.dtype.itemsize) for w in (wa, wb))
-    return (b.norm is None and x.name == a.out.name and x.name not in outputs and
+    ring = all(w.is_static and tma_rows(w.shape[-1], w.dtype.itemsize) for w in (wa, wb))
+    return (b.norm is None and not b.heads and x.name == a.out.name and x.name not in outputs and
             len(use.get(x.name, [])) == 1 and ring and wa.dtype == wb.dtype == x.type.dtype)
 
 
 def _tensors(k: LinearKernel) -> list[Value]:
     """What a kernel reads besides its x: weight, bias, epilogue operands."""
     return list(k.linear.operands[1:]) + [t for _, t in k.steps if t is not None]
+
+
+def head_kernels(g: Graph) -> dict[int, LinearKernel]:
+    """The ``head_linear`` ops of graph ``g`` that run as block-diagonal v2 linear kernels
+    (:mod:`fusionc.lower.match_heads`), by op id."""
+    from fusionc.lower.match_heads import head_kernels as found
+    return found(g)

@@ -5,7 +5,7 @@ units (issue 27).
 projections and the latent attention output, in the form of ``examples/deepseek_v2_lite.py``
 (DeepSeek-V2, arXiv 2405.04434, appendix C):
 
-    q_heads = reshape(q); q_nope, q_pe = split(q_heads)        # stay: W_UK reads q_nope
+    q_heads = reshape(q); q_nope, q_pe = split(q_heads)        # W_UK's kernel reads q_nope
     q_rot = rope(q_pe, positions)
     c, k_pe = split(kv_a); c_kv = rms_norm(c, kv_norm)          # the norm is optional
     k_rot = reshape(rope(reshape(k_pe), positions))
@@ -13,9 +13,10 @@ projections and the latent attention output, in the form of ``examples/deepseek_
     o_latent = mla_decode_attention(q_latent, q_rot, cache', seq_lens)
 
 :func:`lower_core` makes the kernel: one ``mla_units`` op (:mod:`fusionc.ir.ops.tile_mla_units`)
-over a grid of one CTA per SM, writing ``o_latent`` and the cache in place. The projections are
-v2 linear kernels; the absorbed W_UK and W_UV (``head_linear``) and the views around them run
-between the kernels as batched cuBLAS GEMMs (:func:`host_ops`).
+over a grid of one CTA per SM, writing ``o_latent`` and the cache in place. The projections and
+the absorbed W_UK and W_UV (``head_linear``, block-diagonal: :mod:`fusionc.lower.match_heads`)
+are v2 linear kernels; a ``head_linear`` of another form runs between the kernels as a batched
+cuBLAS GEMM (:func:`host_ops`).
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def _match(att: Op, made, use, outputs, params) -> MLACore | None:
 
 
 def _query(made, use, outputs, rq: Op):
-    """(q, nope) with q_pe = split(reshape(q))[1]: the split and reshape stay on the host."""
+    """(q, nope) with q_pe = split(reshape(q))[1]; the kernel reads q_pe from q itself."""
     q_pe = rq.operands[0]
     sp = _of(made, q_pe, "split")
     if sp is None or _one(q_pe, use, outputs, rq) is None or len(sp.results) != 2 or \
@@ -149,14 +150,17 @@ def _bad(core: MLACore) -> list[str]:
 
 
 def host_ops(g: Graph) -> list[Op]:
-    """The ops the MLA path runs between the kernels: each ``head_linear`` (W_UK, W_UV) and
-    the views (``reshape``, ``split``) between it and the kernels that make or read its
-    operands and result."""
+    """The ops the MLA path runs between the kernels: each ``head_linear`` (W_UK, W_UV) that
+    no block-diagonal kernel takes (:mod:`fusionc.lower.match_heads`) and the views
+    (``reshape``, ``split``) between it and the kernels that make or read its operands and
+    result."""
+    from fusionc.lower.match_heads import head_kernels
     made = {r.name: op for op in g.body for r in op.results}
     use = users(g)
     found: dict[int, Op] = {}
+    taken = head_kernels(g)
     for op in g.body:
-        if op.name != "head_linear":
+        if op.name != "head_linear" or id(op) in taken:
             continue
         found[id(op)] = op
         todo = [made.get(op.operands[0].name)]

@@ -169,7 +169,7 @@ class PartitionUnits(Pass):
                                     loc=op.loc, valid="views between a linear and the next, "
                                     "past elementwise ops (run fold-views first: v2_pipeline "
                                     "does); graph inputs and outputs in their flat form")
-            if op.name != "linear":
+            if op.name != "linear" and id(op) not in specs:
                 raise LoweringError("not lowered by lowering v2 yet", op=op.name, loc=op.loc,
                                     valid="linear layers with an rms_norm before them and "
                                           "bias, silu, silu_mul (of a split), add, mul or cast "
@@ -230,7 +230,7 @@ class StreamPlan(Pass):
         if any(op.name == "ring_issue" for u in phases for op in u.regions[0]):
             return k
         gemvs = [next(op for op in u.regions[0] if op.name == "acc_gemv") for u in phases]
-        if not all(tma_rows(g.operands[2].type.shape[1], g.operands[2].type.dtype.itemsize)
+        if not all(tma_rows(g.operands[2].type.shape[-1], g.operands[2].type.dtype.itemsize)
                    for g in gemvs):   # the plain-load path (lowering chains ring kernels only)
             return k
         g0 = gemvs[0]
@@ -248,7 +248,8 @@ class StreamPlan(Pass):
             tx = Value(f"{ring.name}.x{sfx}", TensorType(dt, (xrows, cols)))
             i = body.index(gemv)
             body[i:i + 1] = [
-                _op("ring_issue", (ring, w, x), loc=gemv.loc, split=gemv.attr("split")),
+                _op("ring_issue", (ring, w, x), loc=gemv.loc, split=gemv.attr("split"),
+                    head_rows=gemv.attr("head_rows"), head_cols=gemv.attr("head_cols")),
                 _op("ring_stage", (ring,), (tw, tx), gemv.loc, rows=rows),
                 gemv.replace(operands=(acc, tx, tw) + gemv.operands[3:]),
                 _op("ring_release", (ring,), loc=gemv.loc)]

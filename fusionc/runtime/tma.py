@@ -1,7 +1,9 @@
 """Tensor maps of TMA copies (``CUtensorMap``), built by the driver at bind time.
 
 A streamed kernel's ``tensormap`` parameter (``fusionc.codegen.source.KernelParam``) names a
-2D tensor ``[rows, cols]`` (row-major) and a box of ``(inner elements, rows)``; the kernel copies
+tensor, seen as the 2D row-major ``[rows, cols]`` of its first ``lead`` dims and the rest
+(:func:`fusionc.stream.ring.matrix_lead`: ``[H, N, K]`` weights as ``[H·N, K]``, ``[B, H, C]``
+activations as ``[B, H·C]``), and a box of ``(inner elements, rows)``; the kernel copies
 boxes in the 128-byte swizzle (``fusionc.stream.ring``), and elements outside the tensor arrive as
 zeros. The map encodes the tensor's address, so it is built per pointer and cached: a decode
 loop or a CUDA graph that reuses its buffers builds each map once (:func:`cached`).
@@ -9,6 +11,7 @@ loop or a CUDA graph that reuses its buffers builds each map once (:func:`cached
 from __future__ import annotations
 
 import ctypes
+import math
 
 from fusionc.errors import InputError
 from fusionc.ir.types import DType
@@ -75,13 +78,14 @@ def pack_tensormap(p, ctx):
     pointer changes)."""
     from fusionc.runtime.params import Slot
     v = p.value
-    rows = v.type.shape[0] if isinstance(v.type.shape[0], int) else ctx.dims.get(v.type.shape[0])
+    dims = [d if isinstance(d, int) else ctx.dims.get(d) for d in v.type.shape]
+    rows, cols = math.prod(dims[:p.lead]), math.prod(dims[p.lead:])   # its 2D row view
     storage = _MapStorage()
     last = [None]
 
     def update(st, ptr):
         if ptr != last[0]:
-            m = cached(ptr, v.type.dtype, rows, v.type.shape[-1], p.box)
+            m = cached(ptr, v.type.dtype, rows, cols, p.box)
             ctypes.memmove(st.aligned(), m.getPtr(), 128)
             last[0] = ptr
     return Slot(storage, v.name, update, storage.aligned())

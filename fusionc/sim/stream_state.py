@@ -20,7 +20,7 @@ import numpy as np
 
 from fusionc.errors import SimulationError
 from fusionc.interp.numerics import round_to
-from fusionc.stream.ring import empty_parity, full_parity, stage_of
+from fusionc.stream.ring import empty_parity, full_parity, head_column, matrix_lead, stage_of
 from fusionc.stream.schedule import UnitSchedule
 
 
@@ -157,8 +157,9 @@ class StreamCTA:
         data = np.zeros(ring.data.shape[1:], np.float32)
         wt = self._wrows(op, op.operands[1].name, g, rows, op.attr("split"), step * cols, cols,
                          tma=True)
-        xt = self._read(op, op.operands[2].name, 0, ring.data.shape[1] - rows, step * cols,
-                        cols, tma=True)
+        x0 = head_column(g, rows, op.attr("head_rows"), op.attr("head_cols"))
+        xt = self._read(op, op.operands[2].name, 0, ring.data.shape[1] - rows,
+                        x0 + step * cols, cols, tma=True, role="x")
         data[:wt.shape[0], :wt.shape[1]] = wt
         data[rows:rows + xt.shape[0], :xt.shape[1]] = xt
         ring.issued[s] += 1
@@ -221,9 +222,12 @@ class StreamCTA:
         return ring.data[v.stage, :rows] if v.part == "w" else ring.data[v.stage, rows:]
 
     # -- global memory -----------------------------------------------------------------------
-    def _read(self, op, name, r0, nr, c0, nc, tma=False) -> np.ndarray:
+    def _read(self, op, name, r0, nr, c0, nc, tma=False, role="w") -> np.ndarray:
+        """Rows ``[r0, +nr)``, columns ``[c0, +nc)`` of the 2D view of ``name`` (weight or
+        activation: :func:`fusionc.stream.ring.matrix_lead`), clipped to the tensor."""
         mem = self.cta.memory
-        arr = mem.arrays[name].reshape(-1, mem.arrays[name].shape[-1])
+        full = mem.arrays[name]
+        arr = full.reshape(int(np.prod(full.shape[:matrix_lead(full.ndim, role)])), -1)
         rs = slice(max(r0, 0), max(min(r0 + nr, arr.shape[0]), max(r0, 0)))
         cs = slice(max(c0, 0), max(min(c0 + nc, arr.shape[1]), max(c0, 0)))
         writer = mem.writer.get(name)   # allocated at the first store only
@@ -266,7 +270,9 @@ class StreamCTA:
         else:
             wt = self._wrows(op, op.operands[2].name, g, rows, op.attr("split"), step * cols,
                              cols)
-            xt = self._read(op, op.operands[1].name, 0, acc.shape[0], step * cols, cols)
+            x0 = head_column(g, rows, op.attr("head_rows"), op.attr("head_cols"))
+            xt = self._read(op, op.operands[1].name, 0, acc.shape[0], x0 + step * cols, cols,
+                            role="x")
         nc = max(0, min(cols, k - step * cols))
         m = acc.shape[0]
         xt = xt[:m, :nc].astype(np.float32)
@@ -280,7 +286,8 @@ class StreamCTA:
         return ()
 
     def row_rms(self, op, args):
-        x = self._read(op, op.operands[0].name, 0, 1 << 30, 0, 1 << 30).astype(np.float32)
+        x = self._read(op, op.operands[0].name, 0, 1 << 30, 0, 1 << 30,
+                       role="x").astype(np.float32)
         ms = np.mean(x.astype(np.float64) ** 2, axis=1)
         return ((1 / np.sqrt(ms + op.attr("eps"))).astype(np.float32),)
 
@@ -310,11 +317,13 @@ class StreamCTA:
         from fusionc.stream import epilogue
         y = op.operands[1]
         arr = self.cta.memory.arrays[y.name]
+        ncols = int(np.prod(arr.shape[1:]))
         gemv = next(o for o in self._region() if o.name == "acc_gemv")
         extras = [self.cta.memory.arrays[v.name] for v in op.operands[2:]]   # kernel inputs
+        extras = [e.reshape(e.shape[0], -1) if e.ndim > 2 else e for e in extras]
         tile, n0 = epilogue.apply(epilogue.parse(op.attr("epilogue")), total[:arr.shape[0]],
-                                  extras, g, op.attr("rows"), gemv.attr("split"), arr.shape[1])
-        index = (slice(0, arr.shape[0]), slice(n0, n0 + tile.shape[1]))
+                                  extras, g, op.attr("rows"), gemv.attr("split"), ncols)
+        index = _flat_index(arr.shape, n0, n0 + tile.shape[1])
         self.cta.memory.write(y.name, index, round_to(tile, y.type.dtype), self.cta, op,
                               y.type.dtype)
 
@@ -353,3 +362,16 @@ class StreamCTA:
 
     def units_outside(self, op, args):   # pragma: no cover - the scheduler runs units itself
         raise SimulationError("units run by the grid scheduler only", op=op.name, loc=op.loc)
+
+
+def _flat_index(shape: tuple, c0: int, c1: int) -> tuple:
+    """The index of columns ``[c0, c1)`` of every row of an array ``[B, ...]`` viewed as
+    ``[B, prod(rest)]``, for a range inside one row of its last dim (a head's tile)."""
+    if len(shape) == 2:
+        return (slice(None), slice(c0, c1))
+    last = shape[-1]
+    if c0 // last != (c1 - 1) // last:
+        raise SimulationError(f"a tile of columns [{c0}, {c1}) straddles rows of {shape}",
+                              valid="tiles inside one head (head_rows a multiple of rows)")
+    lead = np.unravel_index(c0 // last, shape[1:-1])
+    return (slice(None),) + tuple(int(i) for i in lead) + (slice(c0 % last, c0 % last + c1 - c0),)

@@ -35,6 +35,27 @@ def tma_rows(cols, itemsize: int) -> bool:
     return isinstance(cols, int) and (cols * itemsize) % TMA_STRIDE_ALIGN == 0
 
 
+def matrix_lead(rank: int, role: str) -> int:
+    """How many leading dims of a streamed tensor form the rows of its 2D view (the tensor
+    map's and the simulator's): a weight ``[.., N, K]`` (one ``[N, K]`` matrix per head for a
+    block-diagonal linear) is ``[prod(leading), K]``; an activation or output ``[B, ...]`` is
+    ``[B, prod(rest)]``. ``role``: ``"w"`` or ``"x"``."""
+    return rank - 1 if role == "w" else 1
+
+
+def head_column(g: int, rows: int, head_rows: int, head_cols: int) -> int:
+    """The first activation column group ``g``'s tiles read: 0, or for a block-diagonal
+    linear (``head_linear``: head ``h`` owns weight rows ``[h·head_rows, +head_rows)`` and
+    activation columns ``[h·head_cols, +k)``) ``h·head_cols`` with ``h = g·rows //
+    head_rows``. The simulator and :func:`head_column_c` (codegen) share this."""
+    return (g * rows // head_rows) * head_cols if head_rows else 0
+
+
+def head_column_c(g: str, rows: int, head_rows: int, head_cols: int) -> str:
+    """:func:`head_column` as C (``g``: the group's expression)."""
+    return f"({g}) * {rows} / {head_rows} * {head_cols} + " if head_rows else ""
+
+
 def stage_of(j: int, stages: int) -> int:
     """The stage of a CTA's ``j``-th streamed unit."""
     return j % stages

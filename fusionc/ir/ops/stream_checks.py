@@ -3,6 +3,8 @@ sense per unit stay inside it, and the region's unit count, tiles, ring and batc
 mismatch computes a wrong result on the GPU and in the simulator alike)."""
 from __future__ import annotations
 
+import math
+
 from fusionc.ir.registry import fail
 
 def inside_units(op, graph) -> None:
@@ -29,7 +31,10 @@ def check_region(units, graph) -> None:
                  f"count = {want[0]}, group = {want[1]}")
         for issue in (o for o in body if o.name == "ring_issue"):
             w, x = issue.operands[1].type, issue.operands[2].type
-            if w.shape != (n, k) or x.shape[1] != k:
+            x_k = math.prod(x.shape[1:]) // (n // g.attr("head_rows")) if g.attr("head_rows") \
+                else x.shape[1]
+            if (math.prod(w.shape[:-1]), w.shape[-1]) != (n, k) or \
+                    x_k != (g.attr("head_cols") or k):
                 fail(g, f"n = {n}, k = {k} but ring_issue copies w {w} and x {x}",
                      f"n, k = {list(w.shape)}")
     check_tiles(units, graph)
@@ -82,14 +87,15 @@ def check_tiles(units, graph) -> None:
                  "summed before it is flushed")
         split, n = g.attr("split"), g.attr("n")
         for issue in (o for o in body if o.name == "ring_issue"):
-            if issue.attr("split") != split:
-                fail(issue, f"split = {issue.attr('split')} but acc_gemv has {split}",
-                     f"split = {split}")
+            for a in ("split", "head_rows", "head_cols"):
+                if issue.attr(a) != g.attr(a):
+                    fail(issue, f"{a} = {issue.attr(a)} but acc_gemv has {g.attr(a)}",
+                         f"{a} = {g.attr(a)}")
         y = f.operands[1].type
         cols = split if split else n
         if split and n != 2 * split:
             fail(g, f"split = {split} of a [{n}, k] weight", f"n = 2 * split = {2 * split}")
-        if y.shape[1] != cols:
+        if math.prod(y.shape[1:]) != cols:
             fail(f, f"output {y} from {'paired ' if split else ''}tiles of {cols} columns",
                  f"y [B, {cols}]")
         if len(g.operands) == 5 and g.operands[3].type.dtype != g.operands[1].type.dtype:

@@ -19,6 +19,8 @@
     ``u``: group ``g``, step ``s``); elements past N, K or the run-time batch arrive as zeros.
     ``split = I``: a paired tile, rows ``[g·rows/2, +rows/2)`` then ``[I + g·rows/2, +rows/2)``
     (four boxes of ``rows/2`` rows; the stage layout is that of one ``rows``-row box).
+    ``head_rows, head_cols``: a block-diagonal linear's activation columns start at its head's
+    (as ``acc_gemv``'s, which it copies them for; :func:`fusionc.stream.ring.head_column`).
 ``%tw, %tx = ring_stage(%r) : dt[rows, cols], dt[xrows, cols]``
     Views of the current unit's stage (no code); reading them is legal only between
     ``ring_wait {barrier = full}`` and ``ring_release``.
@@ -38,6 +40,7 @@ from __future__ import annotations
 from fusionc.ir.ops.tile_memory import K, param_of
 from fusionc.ir.registry import NONNEG_INT, POS_INT, Cost, OpDef, attr, fail, register
 from fusionc.ir.types import FLOAT_DTYPES
+from fusionc.ir.ops.tile_units import HEADS
 
 
 def _ring_of(op, graph, value):
@@ -79,13 +82,18 @@ def _infer_stage(op):
 
 def _infer_issue(op):
     r, w, x = (v.type for v in op.operands)
-    if r.rank != 3 or w.rank != 2 or x.rank != 2 or w.dtype != r.dtype or x.dtype != r.dtype:
+    if r.rank != 3 or w.dtype != r.dtype or x.dtype != r.dtype:
         fail(op, f"ring {r}, w {w}, x {x}", "w: [N, K], x: [B, K] of the ring's dtype")
-    if w.shape[1] != x.shape[1]:
-        fail(op, f"w {w} and x {x} differ in K", "one K")
-    if isinstance(w.shape[1], int) and (w.shape[1] * w.dtype.itemsize) % 16:
-        fail(op, f"K = {w.shape[1]}: rows of {w.shape[1] * w.dtype.itemsize} bytes",
-             "rows whose bytes are a multiple of 16 (else the plain-load path)")
+    if op.attr("head_rows"):
+        from fusionc.ir.ops.tile_units import check_heads
+        check_heads(op, x, w, w.shape[-1])
+    elif w.rank != 2 or x.rank != 2 or w.shape[1] != x.shape[1]:
+        fail(op, f"w {w} and x {x}", "w: [N, K] and x: [B, K], one K")
+    for t, what in ((w, "K"), (x, "activation row")):
+        c = t.shape[-1] if t is w else t.shape[1] * (t.shape[2] if t.rank == 3 else 1)
+        if isinstance(c, int) and (c * t.dtype.itemsize) % 16:
+            fail(op, f"{what} of {c} elements ({c * t.dtype.itemsize} bytes)",
+                 "rows whose bytes are a multiple of 16 (else the plain-load path)")
     return ()
 
 
@@ -123,8 +131,8 @@ register(OpDef("ring_claim", __doc__, ("ring",), (_parity,), lambda op: (), wher
 register(OpDef("ring_wait", __doc__, ("ring",), (_parity,), lambda op: (), where=K,
                simulate=_sim("wait"), verify=_ring, traits=STREAM))
 register(OpDef("ring_issue", __doc__, ("ring", "w", "x"),
-               (attr("split", NONNEG_INT, 0, omit=True, doc="paired tile: the up rows' offset"),),
-               _infer_issue, where=K,
+               (attr("split", NONNEG_INT, 0, omit=True, doc="paired tile: the up rows' offset"),)
+               + HEADS, _infer_issue, where=K,
                simulate=_sim("issue"), verify=_verify_issue, cost=_cost_issue,
                traits=frozenset({"stream", "producer"})))
 register(OpDef("ring_stage", __doc__, ("ring",), (attr("rows", POS_INT),), _infer_stage, where=K,

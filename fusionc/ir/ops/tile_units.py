@@ -26,6 +26,10 @@
     ``row_rms``), x's elements are first normed in x's dtype
     (:func:`fusionc.stream.epilogue.norm_activations`: one rounding of ``x · r · gamma``, two
     packed multiplies for f16), as ``rms_norm`` computes them (Zhang & Sennrich 2019, eq. 4).
+    ``head_rows = R, head_cols = C``: block-diagonal (``head_linear``, one ``[R, k]`` matrix per
+    head): group ``g`` belongs to head ``h = g·rows / R`` and reads x's columns
+    ``[h·C + s·cols, +cols)`` (:func:`fusionc.stream.ring.head_column`); w ``[H, R, k]`` and x
+    ``[B, H·C]`` or ``[B, H, C]`` are read as their 2D row views.
 ``%r = row_rms(%x) {eps} : f32[B]``
     At the top level of a streamed kernel: each CTA computes ``r[b] = 1 / sqrt(mean_c x[b, c]²
     + eps)`` (fp32) of the global ``[B, K]`` activations itself (RMSNorm, Zhang & Sennrich 2019,
@@ -35,7 +39,7 @@
     ``y[b, g·rows + r] = round(epilogue(Σ_c acc_c[b, r]))``, the partial accumulators of the
     group's contributing CTAs (:meth:`UnitSchedule.contributors`) added in CTA order by the last
     to arrive (split-K over CTAs, deterministic; no CTA waits); then ``acc`` is zero again.
-    Columns past ``y``'s last dim are dropped. ``epilogue``: steps with one ``%extra`` operand
+    Columns past ``y``'s columns are dropped; a ``y`` of rank 3 is ``[B, H·N]`` flat. ``epilogue``: steps with one ``%extra`` operand
     each where they take one (``bias``, ``silu``, ``silu_mul``, ``add``, ``mul``, ``round_*``;
     :mod:`fusionc.stream.epilogue`); with ``silu_mul`` the group writes ``rows/2`` columns.
     ``signal = NAME`` (with ``per``): once the group's tile is stored, its writer releases
@@ -110,15 +114,38 @@ def _infer_gemv(op):
         fail(op, "norm operands " + ", ".join(str(v.type) for v in norm),
              f"none, or gamma [{op.attr('k')}] and the rows' 1/rms f32[B] (row_rms)")
     rows, cols, n, k = (op.attr(a) for a in ("rows", "cols", "n", "k"))
-    if acc.dtype != DType.f32 or acc.rank != 2 or acc.shape[1] != rows or x.rank != 2:
+    if acc.dtype != DType.f32 or acc.rank != 2 or acc.shape[1] != rows:
         fail(op, f"accumulator {acc}", f"f32[B, {rows}]")
-    if x.dtype != w.dtype or x.rank != 2 or w.rank != 2:
-        fail(op, f"x {x}, w {w}", "x and w of one dtype, both of rank 2")
-    if w.shape not in ((n, k), (rows, cols)) or x.shape[1] not in (k, cols):
+    if x.dtype != w.dtype:
+        fail(op, f"x {x}, w {w}", "x and w of one dtype")
+    if w.shape == (rows, cols) and x.rank == 2 and x.shape[1] == cols:
+        return ()   # stage views
+    if op.attr("head_rows"):
+        check_heads(op, x, w)
+    elif w.shape != (n, k) or x.rank != 2 or x.shape[1] != k:
         fail(op, f"x {x}, w {w} for tiles [{rows}, {cols}] of [{n}, {k}]",
              f"the global tensors [B, {k}] and [{n}, {k}], or stage views [xrows, {cols}] and "
              f"[{rows}, {cols}]")
     return ()
+
+
+def check_heads(op, x: TensorType, w: TensorType, k: int | None = None) -> None:
+    """VerifyError unless the global ``x`` and ``w`` of a block-diagonal linear (``head_rows
+    = R``, ``head_cols = C``) fit: ``H`` heads, weight ``[H, R, k]`` (or ``[H·R, k]``),
+    activations ``[B, H·C]`` (or ``[B, H, C]``) with ``k <= C``; on ``acc_gemv`` (its ``rows``,
+    ``n`` and ``k``) also tiles that never straddle two heads (``R`` a multiple of rows)."""
+    attrs = dict(op.attrs)
+    hr, hc = op.attr("head_rows"), op.attr("head_cols")
+    n = attrs.get("n", w.shape[0] * (w.shape[1] if w.rank == 3 else 1))
+    k, rows = attrs.get("k", k), attrs.get("rows", hr)
+    heads = n // hr if hr and isinstance(n, int) and n % hr == 0 else 0
+    if not heads or hr % rows or op.attr("split") or not isinstance(k, int) or k > hc:
+        fail(op, f"head_rows = {hr}, head_cols = {hc} for tiles of {rows} rows of [{n}, {k}]",
+             "head_rows dividing n, a multiple of rows, no split, and k <= head_cols")
+    if w.shape not in ((heads, hr, k), (n, k)) or \
+            x.shape[1:] not in ((heads * hc,), (heads, hc)):
+        fail(op, f"x {x}, w {w} for {heads} heads",
+             f"w [{heads}, {hr}, {k}] or [{n}, {k}], x [B, {heads * hc}] or [B, {heads}, {hc}]")
 
 
 def _cost_gemv(op, env):
@@ -131,8 +158,10 @@ def _cost_gemv(op, env):
 def _infer_flush(op):
     from fusionc.stream import epilogue
     acc, y = op.operands[0].type, op.operands[1].type
-    if y.rank != 2 or acc.rank != 2 or acc.shape[0] != y.shape[0] or acc.shape[1] != op.attr("rows"):
-        fail(op, f"accumulator {acc}, output {y}", "acc f32[B, rows] and y [B, N]")
+    if y.rank < 2 or acc.rank != 2 or acc.shape[0] != y.shape[0] or \
+            acc.shape[1] != op.attr("rows") or y.rank > 2 and not all(isinstance(d, int) for d in y.shape[1:]):
+        fail(op, f"accumulator {acc}, output {y}",
+             "acc f32[B, rows] and y [B, N] (or [B, H, N/H]: its rows flat)")
     steps = epilogue.parse(op.attr("epilogue"))
     why = epilogue.problem(steps)
     if why:
@@ -173,6 +202,9 @@ def _verify_gemv(op, graph, module):
             param_of(op, graph, v, "operand")
 
 
+HEADS = (attr("head_rows", NONNEG_INT, 0, omit=True,
+               doc="block-diagonal linear: weight rows per head (0: none)"),
+          attr("head_cols", NONNEG_INT, 0, omit=True, doc="activation columns per head"))
 _WARP = attr("warp", enum("consumer", "producer"), "consumer", omit=True,
              doc="which warps run it: the producer waits before TMA reads of data others wrote")
 _slot = (attr("name", STR, doc="counter set"),
@@ -211,7 +243,8 @@ register(OpDef("acc_alloc", __doc__, (), (), _infer_acc, where=K, simulate=_sim(
 register(OpDef("acc_gemv", __doc__, ("acc", "x", "w", "norm*"),
                (attr("rows", POS_INT), attr("cols", POS_INT), attr("n", POS_INT),
                 attr("k", POS_INT), attr("split", NONNEG_INT, 0, omit=True,
-                                         doc="paired gate/up tile: the up rows' offset")),
+                                         doc="paired gate/up tile: the up rows' offset")) +
+               HEADS,
                _infer_gemv, where=K, simulate=_sim("acc_gemv"), verify=_verify_gemv,
                cost=_cost_gemv, traits=frozenset({"accumulates"})))
 register(OpDef("row_rms", __doc__, ("x",), (attr("eps", FLOAT),), _infer_rms, where=K,
