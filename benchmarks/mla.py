@@ -1,7 +1,7 @@
 """Benchmark: the MLA attention block (RMSNorm → q and latent projections → latent RMSNorm, RoPE →
 latent cache append → W_UK-absorbed attention over the latent cache → W_UV → output projection
-→ residual) of DeepSeek-V2-Lite (16 heads, hidden 2048) and a DeepSeek-V3-sized layer (128
-heads, hidden 7168, without q_lora: the DSL has no query compression yet) — fusionc vs PyTorch
+→ residual) of DeepSeek-V2-Lite (16 heads, hidden 2048) and a DeepSeek-V3 layer (128 heads,
+hidden 7168, the query compressed through q_lora 1536) — fusionc vs PyTorch
 eager and torch.compile, each in a CUDA graph, vs the floor (DESIGN §7: bytes over the copy
 bandwidth or FLOPs over 790 TFLOP/s, whichever is larger). Run on the GPU machine:
 
@@ -25,8 +25,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
 
-LAYERS = {"V2-Lite": dict(hidden=2048, heads=16, nope=128, rope=64, v_head=128, latent=512),
-          "V3": dict(hidden=7168, heads=128, nope=128, rope=64, v_head=128, latent=512)}
+LAYERS = {"V2-Lite": dict(hidden=2048, heads=16, nope=128, rope=64, v_head=128, latent=512,
+                         q_lora=0),
+          "V3": dict(hidden=7168, heads=128, nope=128, rope=64, v_head=128, latent=512,
+                     q_lora=1536)}
 BATCHES, KVS = (1, 16, 64, 256), (1024, 4096, 16384)
 PEAK_FLOPS = 790e12   # a large bf16 matmul through PyTorch on our H200 (DESIGN §7)
 COLS = ["layer", "batch", "kv", "fusionc_us", "config", "eager_us", "compile_us", "floor_us",
@@ -34,9 +36,11 @@ COLS = ["layer", "batch", "kv", "fusionc_us", "config", "eager_us", "compile_us"
 
 
 def weight_elems(m: dict) -> int:
-    H, h = m["heads"], m["hidden"]
-    return (H * (m["nope"] + m["rope"]) + m["latent"] + m["rope"]) * h \
-        + 2 * H * m["latent"] * m["nope"] + h * H * m["v_head"]
+    H, h, r = m["heads"], m["hidden"], m["q_lora"]
+    q = H * (m["nope"] + m["rope"])
+    w_q = (r * h + q * r + r) if r else q * h   # w_q_a, w_q_b, q_a_norm, or w_q
+    return w_q + (m["latent"] + m["rope"]) * h + 2 * H * m["latent"] * m["nope"] \
+        + h * H * m["v_head"]
 
 
 def floor_bytes(m: dict, batch: int, kv: int, itemsize: int = 2) -> int:
@@ -73,7 +77,7 @@ def build(m: dict, kv: int):
     import deepseek_v2_lite
     return deepseek_v2_lite.build(hidden=m["hidden"], heads=m["heads"], qk_nope=m["nope"],
                                   qk_rope=m["rope"], v_head=m["v_head"], kv_lora=m["latent"],
-                                  max_seq=kv)
+                                  max_seq=kv, q_lora=m["q_lora"])
 
 
 def fusionc_mla(m: dict, batch: int, kv: int, lowering: str):
@@ -91,9 +95,12 @@ def make_set(m: dict, batch: int, kv: int):
     import torch
     dev, h, H, dtype = "cuda", m["hidden"], m["heads"], torch.bfloat16
     s = lambda *shape: (torch.randn(*shape, device=dev) / math.sqrt(shape[-1])).to(dtype)  # noqa
+    r, q = m["q_lora"], H * (m["nope"] + m["rope"])
+    query = dict(w_q_a=s(r, h), q_a_norm=(1 + 0.1 * torch.randn(r, device=dev)).to(dtype),
+                 w_q_b=s(q, r)) if r else dict(w_q=s(q, h))
     return dict(x=torch.randn(batch, h, device=dev).to(dtype),
                 attn_norm=(1 + 0.1 * torch.randn(h, device=dev)).to(dtype),
-                w_q=s(H * (m["nope"] + m["rope"]), h), w_kv_a=s(m["latent"] + m["rope"], h),
+                **query, w_kv_a=s(m["latent"] + m["rope"], h),
                 kv_norm=(1 + 0.1 * torch.randn(m["latent"], device=dev)).to(dtype),
                 w_uk_t=s(H, m["latent"], m["nope"]), w_uv=s(H, m["v_head"], m["latent"]),
                 w_o=s(h, H * m["v_head"]),
@@ -109,8 +116,9 @@ def run_point(layer: str, batch: int, kv: int, bw: float, args) -> dict:
             for _ in range(common.sets_needed(floor_bytes(m, batch, kv)))]
     kw = dict(heads=m["heads"], nope=m["nope"], rope=m["rope"], latent=m["latent"], eps=1e-6,
               theta=10000.0)
+    wq = lambda s: s["w_q"] if "w_q" in s else (s["w_q_a"], s["q_a_norm"], s["w_q_b"])  # noqa
     eager = lambda s: torch_blocks.mla_block(  # noqa: E731
-        s["x"], s["attn_norm"], s["w_q"], s["w_kv_a"], s["kv_norm"], s["w_uk_t"], s["w_uv"],
+        s["x"], s["attn_norm"], wq(s), s["w_kv_a"], s["kv_norm"], s["w_uk_t"], s["w_uv"],
         s["w_o"], s["cache"], s["positions"], kv, **kw)
     compiled = None if args.no_torch_compile else \
         common.fresh_compile(eager, args.compile_mode)

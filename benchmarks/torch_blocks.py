@@ -101,10 +101,15 @@ def mla_block(x, attn_norm, w_q, w_kv_a, kv_norm, w_uk_t, w_uv, w_o, cache, posi
               seq_len: int, *, heads, nope, rope, latent, eps, theta):
     """DeepSeek-V2 MLA decode step in the weight-absorbed form (the paper's appendix C, as
     FlashMLA-based engines run it): cache [B, max_seq, latent + rope]; every row attends over
-    ``seq_len`` tokens (the new one last)."""
+    ``seq_len`` tokens (the new one last). ``w_q``: the query weight, or (w_q_a, q_a_norm,
+    w_q_b) for DeepSeek-V3's compressed query (eqs. 12-13)."""
     B = x.shape[0]
     h = rms_norm(x, attn_norm, eps)
-    q = (h @ w_q.t()).view(B, heads, nope + rope)
+    if isinstance(w_q, tuple):
+        w_q_a, q_a_norm, w_q = w_q
+        q = (rms_norm(h @ w_q_a.t(), q_a_norm, eps) @ w_q.t()).view(B, heads, nope + rope)
+    else:
+        q = (h @ w_q.t()).view(B, heads, nope + rope)
     q_nope, q_pe = q.split([nope, rope], -1)
     q_pe = rope_interleaved(q_pe, positions, theta)
     c, k_pe = (h @ w_kv_a.t()).split([latent, rope], -1)

@@ -21,19 +21,17 @@ from fusionc.ir import Module
 
 
 def attention_block(*, hidden: int, heads: int, qk_nope: int, qk_rope: int, v_head: int,
-                    kv_lora: int, max_seq: int, eps: float, theta: float, dtype: str) -> Module:
-    """Graph ``@attention``: x + o_proj(W_UV · MLA(q, cache)) with the cache appended."""
+                    kv_lora: int, max_seq: int, eps: float, theta: float, dtype: str,
+                    q_lora: int = 0) -> Module:
+    """Graph ``@attention``: x + o_proj(W_UV · MLA(q, cache)) with the cache appended.
+    ``q_lora > 0``: the query is compressed (DeepSeek-V3; arXiv 2405.04434 eqs. 12-13):
+    q = w_q_b · rms_norm(w_q_a · h, q_a_norm), transformers' q_a_proj, q_a_layernorm and
+    q_b_proj, in place of w_q."""
     T = fc.dtype(dtype)
     q_head = qk_nope + qk_rope
 
-    @fc.graph
-    def attention(x: T["B", hidden], attn_norm: T[hidden], w_q: T[heads * q_head, hidden],
-                  w_kv_a: T[kv_lora + qk_rope, hidden], kv_norm: T[kv_lora],
-                  w_uk_t: T[heads, kv_lora, qk_nope], w_uv: T[heads, v_head, kv_lora],
-                  w_o: T[hidden, heads * v_head], cache: T["B", max_seq, kv_lora + qk_rope],
-                  positions: fc.i32["B"], seq_lens: fc.i32["B"]):
-        h = fc.rms_norm(x, attn_norm, eps, name="h")
-        q = fc.split_heads(fc.linear(h, w_q, name="q"), heads, name="q_heads")
+    def rest(x, h, q, w_kv_a, kv_norm, w_uk_t, w_uv, w_o, cache, positions, seq_lens):
+        q = fc.split_heads(q, heads, name="q_heads")
         q_nope, q_rope = fc.split(q, [qk_nope, qk_rope], name=("q_nope", "q_pe"))
         q_rope = fc.rope(q_rope, positions, theta, style="gptj", name="q_rot")
         c, k_rope = fc.split(fc.linear(h, w_kv_a, name="kv_a"), [kv_lora, qk_rope],
@@ -48,16 +46,43 @@ def attention_block(*, hidden: int, heads: int, qk_nope: int, qk_rope: int, v_he
         out = x + fc.linear(fc.merge_heads(o, name="o_flat"), w_o, name="o_proj")
         return out, cache
 
+    if q_lora:
+        @fc.graph
+        def attention(x: T["B", hidden], attn_norm: T[hidden], w_q_a: T[q_lora, hidden],
+                      q_a_norm: T[q_lora], w_q_b: T[heads * q_head, q_lora],
+                      w_kv_a: T[kv_lora + qk_rope, hidden], kv_norm: T[kv_lora],
+                      w_uk_t: T[heads, kv_lora, qk_nope], w_uv: T[heads, v_head, kv_lora],
+                      w_o: T[hidden, heads * v_head], cache: T["B", max_seq, kv_lora + qk_rope],
+                      positions: fc.i32["B"], seq_lens: fc.i32["B"]):
+            h = fc.rms_norm(x, attn_norm, eps, name="h")
+            q_a = fc.rms_norm(fc.linear(h, w_q_a, name="q_a"), q_a_norm, eps, name="q_a_n")
+            q = fc.linear(q_a, w_q_b, name="q")
+            return rest(x, h, q, w_kv_a, kv_norm, w_uk_t, w_uv, w_o, cache, positions,
+                        seq_lens)
+        return attention
+
+    @fc.graph
+    def attention(x: T["B", hidden], attn_norm: T[hidden], w_q: T[heads * q_head, hidden],
+                  w_kv_a: T[kv_lora + qk_rope, hidden], kv_norm: T[kv_lora],
+                  w_uk_t: T[heads, kv_lora, qk_nope], w_uv: T[heads, v_head, kv_lora],
+                  w_o: T[hidden, heads * v_head], cache: T["B", max_seq, kv_lora + qk_rope],
+                  positions: fc.i32["B"], seq_lens: fc.i32["B"]):
+        h = fc.rms_norm(x, attn_norm, eps, name="h")
+        q = fc.linear(h, w_q, name="q")
+        return rest(x, h, q, w_kv_a, kv_norm, w_uk_t, w_uv, w_o, cache, positions, seq_lens)
+
     return attention
 
 
 def build(hidden: int = 2048, heads: int = 16, qk_nope: int = 128, qk_rope: int = 64,
           v_head: int = 128, kv_lora: int = 512, max_seq: int = 4096, eps: float = 1e-6,
-          theta: float = 10000.0, dtype: str = "bf16") -> Module:
-    """The module with graph ``@attention`` of a DeepSeek-V2-Lite layer."""
+          theta: float = 10000.0, dtype: str = "bf16", q_lora: int = 0) -> Module:
+    """The module with graph ``@attention`` of a DeepSeek-V2-Lite layer (``q_lora = 1536``,
+    ``heads = 128``, ``hidden = 7168``: a DeepSeek-V3 layer's attention)."""
     return fc.module(attention_block(hidden=hidden, heads=heads, qk_nope=qk_nope,
                                      qk_rope=qk_rope, v_head=v_head, kv_lora=kv_lora,
-                                     max_seq=max_seq, eps=eps, theta=theta, dtype=dtype))
+                                     max_seq=max_seq, eps=eps, theta=theta, dtype=dtype,
+                                     q_lora=q_lora))
 
 
 if __name__ == "__main__":

@@ -126,11 +126,25 @@ def _mla_lowering(g: Graph, max_batch: int) -> str:
     from fusionc.lower.mla import V1_MAX_HEADS, V1_TESTED_ROWS
     mla = [op for op in g.body if op.name == "mla_decode_attention"]
     heads = max(op.operands[0].type.shape[1] for op in mla)
+    v2 = mla_v2.covers(first_passes(g))
+    if v2 and not _v1_takes(g):   # e.g. a compressed query (q_lora): v1 has no such stage
+        return "v2"
     if heads <= V1_MAX_HEADS and _rows(g, max_batch) <= V1_TESTED_ROWS:
         return "v1"
     if heads <= V1_MAX_HEADS and any(op.operands[0].type.dtype == DType.f32 for op in mla):
         return "v1"   # fp32 units (FMA) not yet run on a GPU: v1, which took f32 before
-    return "v2" if mla_v2.covers(first_passes(g)) else "v1"
+    return "v2" if v2 else "v1"
+
+
+def _v1_takes(g: Graph) -> bool:
+    """Whether lowering v1's stage matcher takes every MLA block of ``g``."""
+    from fusionc.errors import LoweringError
+    from fusionc.lower.stages import find_stages
+    try:
+        find_stages(g)
+    except LoweringError:
+        return False
+    return True
 
 
 def _v2_decode(g: Graph, max_batch: int) -> bool:

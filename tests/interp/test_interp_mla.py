@@ -12,7 +12,7 @@ import fusionc as fc
 from fusionc.dsl.loader import load_file
 from fusionc.interp.numerics import relative_error, round_to
 from fusionc.ir.types import DType
-from tests.reference.mla import rms_norm, rope_interleaved
+from tests.reference.mla import query, rms_norm, rope_interleaved
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "deepseek_v2_lite.py"
 S = dict(hidden=64, heads=4, qk_nope=16, qk_rope=8, v_head=12, kv_lora=32, max_seq=10,
@@ -25,7 +25,7 @@ def reference_step(w, xs, t):
     hs = [rms_norm(x, w["attn_norm"], S["eps"]) for x in xs[: t + 1]]
     cs = [rms_norm(h @ w["w_kv_a"][:L].T, w["kv_norm"], S["eps"]) for h in hs]       # c_KV,s
     krs = [rope_interleaved(h @ w["w_kv_a"][L:].T, s, S["theta"]) for s, h in enumerate(hs)]
-    q = (hs[t] @ w["w_q"].T).reshape(H, dn + dr)
+    q = query(w, hs[t], S["eps"]).reshape(H, dn + dr)
     q_nope, q_rope = q[:, :dn], rope_interleaved(q[:, dn:], t, S["theta"])
     o = []
     for h in range(H):
@@ -38,14 +38,17 @@ def reference_step(w, xs, t):
     return xs[t] + np.concatenate(o) @ w["w_o"].T
 
 
-@pytest.mark.parametrize("dtype,precise,tol", [("f32", True, 1e-6), ("bf16", False, 1e-2)])
-def test_absorbed_decode_matches_the_non_absorbed_equations(dtype, precise, tol):
-    m = load_file(EXAMPLE, **S, dtype=dtype)
+@pytest.mark.parametrize("dtype,precise,tol,q_lora", [("f32", True, 1e-6, 0),
+                                                       ("bf16", False, 1e-2, 0),
+                                                       ("f32", True, 1e-6, 24)])
+def test_absorbed_decode_matches_the_non_absorbed_equations(dtype, precise, tol, q_lora):
+    """q_lora > 0: the compressed query of DeepSeek-V3 (eqs. 12-13)."""
+    m = load_file(EXAMPLE, **S, dtype=dtype, q_lora=q_lora)
     g = m["attention"]
     rng = np.random.default_rng(0)
     w = {p.name: rng.standard_normal(p.type.shape) / math.sqrt(p.type.shape[-1])
          for p in g.params if p.type.rank and "B" not in p.type.shape}
-    for n in ("attn_norm", "kv_norm"):
+    for n in [p.name for p in g.params if p.name.endswith("norm")]:
         w[n] = 1 + 0.1 * rng.standard_normal(w[n].shape)
     # the reference sees the weights and inputs as the model stores them; f32 with float64
     # arithmetic (precise) leaves only the f32 storage of the cache between steps

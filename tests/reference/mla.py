@@ -1,6 +1,6 @@
 """Float64 reference of one MLA decode step written from DeepSeek-V2's equations in the
-*non-absorbed* form (arXiv 2405.04434, §2.1.2-2.1.3, eqs. 9-19, with q_lora_rank = 0 as in
-DeepSeek-V2-Lite): per head the key is [W_UK_h c_KV ; k_R] and the value W_UV_h c_KV; keys,
+*non-absorbed* form (arXiv 2405.04434, §2.1.2-2.1.3, eqs. 9-19; q_lora_rank = 0 as in
+DeepSeek-V2-Lite, or the compressed query of DeepSeek-V3: :func:`query`): per head the key is [W_UK_h c_KV ; k_R] and the value W_UV_h c_KV; keys,
 values and queries are materialized, then softmax attention and the output projection.
 
 The cache holds, for t < seq_len, rows [c_KV,t ; k_R,t] (already normalized and rotated); the
@@ -26,6 +26,14 @@ def rope_interleaved(x, pos, theta):
     return out
 
 
+def query(w: dict, h, eps):
+    """The query rows of h: ``w_q · h``, or with query compression (DeepSeek-V3, q_lora_rank
+    > 0; arXiv 2405.04434 eqs. 12-13) ``w_q_b · rms_norm(w_q_a · h, q_a_norm)``."""
+    if "w_q_a" in w:
+        return w["w_q_b"] @ rms_norm(w["w_q_a"] @ h, w["q_a_norm"], eps)
+    return w["w_q"] @ h
+
+
 def mla_step(w: dict, x, cache, position: int, seq_len: int, *, heads, nope, rope, latent,
              eps, theta):
     """One row. w: the block's weights (examples/deepseek_v2_lite.py names) in float64; x
@@ -39,7 +47,7 @@ def mla_step(w: dict, x, cache, position: int, seq_len: int, *, heads, nope, rop
     new = np.concatenate([c, k_r])
     if 0 <= position < seq_len:
         rows[position] = new
-    q = (w["w_q"] @ h).reshape(heads, nope + rope)
+    q = query(w, h, eps).reshape(heads, nope + rope)
     q_r = rope_interleaved(q[:, nope:], position, theta)
     scale = 1 / np.sqrt(nope + rope)
     o = []
