@@ -216,6 +216,8 @@ def _stage_gamma(op, ctx, ct) -> str:
     read by every unit, so from shared memory rather than through L2 at each k-step."""
     from fusionc.codegen.streamed import gamma_elems
     p = ctx.plan
+    if "fc_gamma" in ctx.consumer_setup:   # sibling phases: one prologue, staged once
+        return "fc_gamma"
     kp = gamma_elems(p, op)
     ctx.consumer_setup = (
         f"{ct}* const fc_gamma = reinterpret_cast<{ct}*>(fc_smem + {p.gamma_off});\n"

@@ -283,9 +283,12 @@ def _plan_smem(p: StreamPlan) -> None:
     if any(op.name == "row_rms" for op in p.kernel.body):
         off += 4 * rms_rows(p) + 4 * (CONSUMERS // 32) * p.max_batch   # fc_rms, its reduction
     p.gamma_off = off = -(-off // 16) * 16
+    staged = {}   # one copy per norm weight: sibling phases share theirs
     for ph in p.phases:
         if len(ph.gemv.operands) == 5:
-            off += gamma_elems(p, ph.gemv) * ph.gemv.operands[3].type.dtype.itemsize
+            staged[ph.gemv.operands[3].name] = gamma_elems(p, ph.gemv) * \
+                ph.gemv.operands[3].type.dtype.itemsize
+    off += sum(staged.values())
     p.smem = off
 
 

@@ -106,8 +106,9 @@ def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None,
     {signal, per}``), which its producer waits on (``counter_wait {slot = step, reset = exit}``)
     before the chunk's activation boxes; its weight boxes need no wait. A block-diagonal
     phase (``head_linear``: ``acc_gemv {head_rows, head_cols}``) whose heads are no multiple of
-    ``rows`` makes the kernel take 64-row tiles. Arguments as :func:`lower_linear`;
-    LoweringError as :func:`check_linear`."""
+    ``rows`` makes the kernel take 64-row tiles. A sibling phase
+    (:func:`fusionc.lower.match_v2.sibling`) reads the first phase's x through its prologue,
+    with no wait. Arguments as :func:`lower_linear`; LoweringError as :func:`check_linear`."""
     ops = [s.linear for s in specs]
     if any(s.head_rows % rows for s in specs):
         rows = ROWS   # a head of 64 rows: 64-row tiles stay inside one head
@@ -130,11 +131,14 @@ def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None,
         px = b.param(first.xin)
     acc = b.op("acc_alloc", types=[TensorType(DType.f32, (px.type.shape[0], rows))],
                hint="acc")
-    count = 0
-    for i, spec in enumerate(specs):
-        nxt = specs[i + 1] if i + 1 < len(specs) else None
-        px, c = _phase(b, spec, acc, px, norm, i, nxt, specs[i - 1] if i else None, rows)
-        count, norm = max(count, c), ()
+    count, x0, norm0 = 0, px, norm
+    reads = [i > 0 and specs[i].xin.name == specs[i - 1].out.name for i in range(len(specs))]
+    for i, spec in enumerate(specs):   # a phase reads the previous one's output, or x0
+        nxt = specs[i + 1] if i + 1 < len(specs) and reads[i + 1] else None
+        prev = specs[i - 1] if reads[i] else None
+        px, c = _phase(b, spec, acc, px if prev else x0, () if prev else norm0, i, nxt, prev,
+                       rows)
+        count = max(count, c)
     grid = min(count, grid or H200.sms)
     return b.build(grid=grid, cluster=1, threads=256, max_batch=max_batch)
 

@@ -23,7 +23,8 @@ in program order among the linears; it may start a chain, never continue one.
 **Chains** (:func:`chains`): a linear kernel whose x is the previous one's output, used by it
 alone, runs as the next phase of the same persistent kernel (the MLP's gate/up then down), when
 both stream their tiles through the ring (row bytes a multiple of 16) in one dtype and it has no
-RMSNorm prologue.
+RMSNorm prologue. **Siblings** (:func:`sibling`): kernels that read the same x through the
+same prologue (an MLA block's w_q and w_kv_a) are phases of one kernel too, without waits.
 """
 from __future__ import annotations
 
@@ -186,21 +187,38 @@ def _epilogue_step(nxt: Op, cur: Value, order: dict, at: int):
     return None
 
 
-def chains(g: Graph, kernels: list[LinearKernel]) -> list[list[LinearKernel]]:
+def chains(g: Graph, kernels: list[LinearKernel], chain: bool = True,
+           siblings: bool = True) -> list[list[LinearKernel]]:
     """``kernels`` (in program order) cut into chains that share one persistent kernel (see
-    the module docstring); every kernel is in exactly one chain."""
+    the module docstring); every kernel is in exactly one chain. ``chain``: a kernel joins the
+    previous one's when it reads its output; ``siblings``: when it reads the same activations
+    with the same prologue as every kernel of the chain so far."""
     use, outputs = users(g), {v.name for v in g.outputs}
     order = {r.name: i for i, op in enumerate(g.body) for r in op.results}
     out: list[list[LinearKernel]] = []
+    def early(k, c):   # what k reads besides x exists when chain c launches
+        at = order[c[0].linear.result.name]
+        return all(order.get(t.name, -1) < at for t in _tensors(k))
+
     for k in kernels:
-        prev = out[-1][-1] if out else None
-        at = order[out[-1][0].linear.result.name] if out else 0
-        early = all(order.get(t.name, -1) < at for t in _tensors(k))   # exist at launch
-        if prev is not None and early and _chains(prev, k, use, outputs):
+        if out and chain and early(k, out[-1]) and _chains(out[-1][-1], k, use, outputs):
             out[-1].append(k)
+            continue
+        same = [c for c in out if all(sibling(a, k) for a in c) and early(k, c)]
+        if siblings and same:   # e.g. w_kv_a after w_q_a and w_q_b: with w_q_a
+            same[-1].append(k)
         else:
             out.append([k])
     return out
+
+
+def sibling(a: LinearKernel, b: LinearKernel) -> bool:
+    """Whether ``b`` reads what ``a`` reads, with the same RMSNorm prologue (w_q and w_kv_a
+    of an MLA block): its phase needs no wait, and the kernel's ``row_rms`` serves both."""
+    wa, wb = a.linear.operands[1].type, b.linear.operands[1].type
+    ring = all(w.is_static and tma_rows(w.shape[-1], w.dtype.itemsize) for w in (wa, wb))
+    return (not a.heads and not b.heads and ring and a.xin.name == b.xin.name and
+            a.norm is b.norm and wa.dtype == wb.dtype)
 
 
 def _chains(a: LinearKernel, b: LinearKernel, use: dict, outputs: set) -> bool:

@@ -2,13 +2,16 @@
 plan of streamed persistent kernels (``lowering = v2``). Each shows in ``fusionc ir --after
 NAME``:
 
-``partition-units{max_batch, grid, chain = true, rows = 64}``
+``partition-units{max_batch, grid, chain = true, siblings = true, rows = 64}``
     Every ``linear`` of a graph becomes a streamed kernel (:mod:`fusionc.lower.linear_v2`):
     ``acc_alloc``, then ``units {count, group}`` with ``acc_gemv`` on the global tiles and
     ``group_flush``; the graph launches it. With ``chain``, linears that feed each other
     (:func:`fusionc.lower.match_v2.chains`) share one kernel, a ``units`` region (phase) each:
     each flush of a phase signals its K chunk of the next (``group_flush {signal, per}``), whose
-    producer waits on it (``counter_wait {slot = step, reset = exit}``). An attention block's
+    producer waits on it (``counter_wait {slot = step, reset = exit}``). With ``siblings``,
+    linears that read the same x through the same RMSNorm prologue (an MLA block's w_q and
+    w_kv_a: :func:`fusionc.lower.match_v2.sibling`) share one kernel as phases without waits,
+    the kernel's ``row_rms`` serving both. An attention block's
     core (split, views, QK-norm, RoPE, KV append, decode attention:
     :func:`fusionc.lower.attention_v2.attention_cores`) becomes one ``attn_units`` kernel
     between the QKV and output projections. Launches of cluster kernels (lowering v1's
@@ -102,6 +105,7 @@ class PartitionUnits(Pass):
     max_batch: int = 8
     grid: int = 0
     chain: bool = True     # chained linears as phases of one kernel (match_v2.chains)
+    siblings: bool = True  # linears reading the same x as phases of one kernel (no waits)
     rows: int = ROWS       # weight rows per tile (or WIDE_ROWS: tensor cores)
 
     def check_options(self) -> None:
@@ -130,7 +134,7 @@ class PartitionUnits(Pass):
         from fusionc.lower.match_v2 import chains, linear_kernels
         found = linear_kernels(g)
         specs = {id(k.linear): k for k in found}
-        cut = chains(g, found) if self.chain else [[k] for k in found]
+        cut = chains(g, found, self.chain, self.siblings)
         chain_of = {id(k.linear): c for c in cut for k in c}
         from fusionc.lower.mla_v2 import host_ops
         cores = unit_cores(g)

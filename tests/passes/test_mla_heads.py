@@ -1,6 +1,6 @@
 """MLA's absorbed W_UK and W_UV as block-diagonal v2 linear kernels (issue 27,
 ``fusionc.lower.match_heads``): what ``partition-units`` makes of them, the chain of W_UV and
-the output projection, ``simulate(lower(g)) ≈ interpret(g)`` over random sizes, the forms that
+the output projection, w_q and w_kv_a as sibling phases of one kernel, ``simulate(lower(g)) ≈ interpret(g)`` over random sizes, the forms that
 stay on the host, the verifier's named errors and the tensor maps' row views."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
 import numpy as np
@@ -29,7 +29,8 @@ def gemv_of(k):
 
 
 def test_w_uk_and_w_uv_become_block_diagonal_kernels():
-    low = run_pipeline(block(), "fold-views,partition-units{max_batch=4, chain=false}")
+    low = run_pipeline(block(), "fold-views,partition-units{max_batch=4, chain=false, "
+                                "siblings=false}")
     host = low["attention"]
     assert [op.name for op in host.body] == ["launch"] * 6   # no host op is left
     uk, uv = host.body[2], host.body[4]
@@ -46,13 +47,33 @@ def test_w_uk_and_w_uv_become_block_diagonal_kernels():
 def test_w_uv_and_the_output_projection_chain_above_8_rows():
     low = run_pipeline(block(), v2_pipeline(16))
     host = low["attention"]
-    assert [op.name for op in host.body] == ["launch"] * 5
-    k = low[host.body[4].attr("kernel").name]
+    assert [op.name for op in host.body] == ["launch"] * 4
+    k = low[host.body[3].attr("kernel").name]
     phases = [u for u in k.body if u.name == "units"]
     assert len(phases) == 2
     heads = [next(o for o in u.regions[0] if o.name == "acc_gemv").attr("head_rows")
              for u in phases]
     assert heads == [64, 0]
+
+
+def test_w_q_and_w_kv_a_are_sibling_phases_without_waits():
+    low = run_pipeline(block(), v2_pipeline(4))
+    host = low["attention"]
+    first = host.body[0]
+    assert [v.name for v in first.operands] == ["x", "attn_norm", "w_q", "w_kv_a"]
+    assert [v.name for v in first.results] == ["q", "kv_a"]
+    k = low[first.attr("kernel").name]
+    assert [op.name for op in k.body].count("row_rms") == 1
+    phases = [u for u in k.body if u.name == "units"]
+    assert len(phases) == 2
+    for u in phases:
+        names = [o.name for o in u.regions[0]]
+        assert "counter_wait" not in names
+        issue = next(o for o in u.regions[0] if o.name == "ring_issue")
+        gemv = next(o for o in u.regions[0] if o.name == "acc_gemv")
+        assert issue.operands[2].name == "x" and len(gemv.operands) == 5   # the norm
+    alone = run_pipeline(block(), "fold-views,partition-units{max_batch=4, siblings=false}")
+    assert len(alone["attention"].body) == 5
 
 
 def test_head_tiles_of_64_rows_under_the_wide_path():
@@ -61,7 +82,7 @@ def test_head_tiles_of_64_rows_under_the_wide_path():
     host = low["attention"]
     rows = [gemv_of(low[op.attr("kernel").name]).attr("rows") for op in host.body
             if any(u.name == "units" for u in low[op.attr("kernel").name].body)]
-    assert rows == [128, 128, 128, 64, 128]   # w_q, w_kv_a, W_UK, W_UV, w_o
+    assert rows == [128, 128, 64, 128]   # w_q and w_kv_a, W_UK, W_UV, w_o
 
 
 CONFIGS = st.fixed_dictionaries({
@@ -91,7 +112,7 @@ def test_other_forms_stay_on_the_host():
     """A head of 16 rows (W_UV with v_head 16) has no 64-row tile: a host GEMM."""
     low = run_pipeline(block(v_head=16), "fold-views,partition-units{max_batch=4}")
     names = [op.name for op in low["attention"].body]
-    assert names == ["launch"] * 4 + ["head_linear", "reshape", "launch"]
+    assert names == ["launch"] * 3 + ["head_linear", "reshape", "launch"]
     T = fc.bf16
 
     @fc.graph
@@ -105,7 +126,7 @@ def test_other_forms_stay_on_the_host():
 def test_the_verifier_names_bad_head_attributes():
     low = run_pipeline(block(), "fold-views,partition-units{max_batch=4}")
     host = low["attention"]
-    name = host.body[2].attr("kernel").name
+    name = host.body[1].attr("kernel").name
     k = low[name]
     gemv = gemv_of(k)
 
@@ -128,7 +149,7 @@ def test_tensor_maps_view_weights_and_activations_as_rows():
     from fusionc.codegen.streamed import plan as stream_plan
     low = run_pipeline(block(), v2_pipeline(4))
     host = low["attention"]
-    k = low[host.body[2].attr("kernel").name]
+    k = low[host.body[1].attr("kernel").name]
     maps = {p.value.name: p.lead for p in _params(k, stream_plan(k)) if p.kind == "tensormap"}
     assert maps == {"w_uk_t": 2, "q": 1}
 
@@ -141,7 +162,7 @@ def test_a_compressed_query_lowers_on_v2_by_default_and_matches_interpret():
     g = m.graphs[0]
     assert default_lowering(g, max_batch=1) == "v2"
     low = run_pipeline(m, v2_pipeline(4))
-    assert [op.name for op in low["attention"].body] == ["launch"] * 7
+    assert [op.name for op in low["attention"].body] == ["launch"] * 6   # w_q_a with w_kv_a
     args = inputs(g, 3, [5, 0, 100], np.random.default_rng(2))
     for a, r in zip(simulate(low, args), interpret(m, args)):
         assert rel_err(a, r) <= TOL["bf16"]

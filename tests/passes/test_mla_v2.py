@@ -40,9 +40,9 @@ def test_partition_units_makes_linears_kernels_and_one_mla_units_kernel():
     W_UV of 16 rows per head stays a host GEMM."""
     low = run_pipeline(block(), "fold-views,partition-units{max_batch=4}")
     host = low["attention"]
-    assert [op.name for op in host.body] == ["launch", "launch", "launch", "launch",
-                                             "head_linear", "reshape", "launch"]
-    core = host.body[3]
+    assert [op.name for op in host.body] == ["launch", "launch", "launch", "head_linear",
+                                             "reshape", "launch"]   # w_q and w_kv_a: one
+    core = host.body[2]
     assert [v.name for v in core.operands] == ["q", "q_latent", "kv_a", "cache", "positions",
                                                "seq_lens", "kv_norm"]
     assert [v.name for v in core.results] == ["o_latent", "cache.1"]

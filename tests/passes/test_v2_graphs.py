@@ -72,8 +72,10 @@ def test_a_chain_stops_where_the_next_epilogue_reads_a_later_value():
         h = fc.linear(x, a, name="h")
         t = fc.linear(x, c, name="t")      # computed after h's kernel would launch
         return fc.linear(h, b, name="y") + t
-    low = run_pipeline(g, v2_pipeline(2, chain=True))
+    low = run_pipeline(g, "fold-views,partition-units{max_batch=2, siblings=false}")
     assert sorted(len(phases(k)) for k in kernels(low)) == [1, 1, 1]
+    low = run_pipeline(g, v2_pipeline(2, chain=True))   # h and t read x: sibling phases
+    assert sorted(len(phases(k)) for k in kernels(low)) == [1, 2]
 
 
 def test_separate_gate_and_up_weights_fold_silu_then_mul():
