@@ -4,7 +4,8 @@
 Launch: min(the op's ``grid``, the CTAs resident at once) CTAs of eight warps, no cluster;
 arguments: the kernel's tensors in parameter order, the symbolic dims, the partial slots
 (``fc_ws``: :func:`fusionc.ir.ops.tile_mla_units.slots` × HB·(L + 2) floats) and per (row,
-head block) an arrival counter (``fc_counters``, left zero by every launch), then the error
+head block) an arrival counter, then per (row, head block) one per merge group of
+``MERGE_GROUP`` chunks (``fc_counters``, left zero by every launch), then the error
 word of the streamed kernels' interface (nothing waits: it stays 0). PDL as ``attn_units``.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from fusionc.ir.kernel import SMEM_LIMIT
 from fusionc.ir.nodes import Graph, Op
 from fusionc.ir.types import DType
 from fusionc.ir.ops.tile_attn_units import MAX_SPLITS, UNIT_OVERHEAD, WAVES
-from fusionc.ir.ops.tile_mla_units import block_heads, head_blocks, slots, unsupported
+from fusionc.ir.ops.tile_mla_units import (MERGE_GROUP, block_heads, head_blocks, merge_groups,
+                                          slots, unsupported)
 from fusionc.ir.printer import print_graph
 
 TOK = 32          # cache rows per ring stage (two 16-token k-steps of P·V)
@@ -93,7 +95,8 @@ def generate_mla_units(kernel: Graph, options=None) -> KernelSource:
         params=[kp.decl for kp in params], T=cnames.ctype(op.operands[0].type.dtype),
         H=geo["H"], HB=geo["HB"], NB=geo["NB"], L=geo["L"], R=geo["R"], S=geo["S"],
         nope=op.attr("nope"), tile=op.attr("tile"), tok=TOK, grid=op.attr("grid"),
-        threads=threads, max_batch=mb, max_splits=MAX_SPLITS, wmax=WAVES, c0=UNIT_OVERHEAD,
+        threads=threads, max_batch=mb, max_splits=MAX_SPLITS, merge_group=MERGE_GROUP,
+        wmax=WAVES, c0=UNIT_OVERHEAD,
         kparts=geo["kparts"], fma=op.operands[0].type.dtype == DType.f32,
         CW=geo["L"] // (threads // 32 // (geo["HB"] // 16)),
         scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),
@@ -105,5 +108,6 @@ def generate_mla_units(kernel: Graph, options=None) -> KernelSource:
                         cluster=1, threads=threads, smem_bytes=geo["smem"], params=tuple(params),
                         workspace_floats=slots(mb, geo["NB"], op.attr("grid")) *
                         geo["HB"] * (geo["L"] + 2),
-                        counters=mb * geo["NB"] + 1, resident=True,
+                        counters=mb * geo["NB"] * (1 + merge_groups(MAX_SPLITS)) + 1,
+                        resident=True,
                         persistent_units=op.attr("grid"), pdl=True)

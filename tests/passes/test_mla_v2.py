@@ -181,6 +181,26 @@ def test_mla_units_compile_without_spills(heads, hidden, dtype, regs):
     src = ck.source
     assert src.blocks == 132 and src.smem_bytes <= 232448 and src.pdl and src.resident
     from fusionc.ir.types import DType
-    assert src.counters == 16 * head_blocks(heads, DType(dtype)) + 1
-    assert "fc_counter_arrive(cnt) == static_cast<unsigned>(splits - 1)" in src.source
+    from fusionc.ir.ops.tile_mla_units import MERGE_GROUP
+    assert src.counters == 16 * head_blocks(heads, DType(dtype)) * (1 + 64 // MERGE_GROUP) + 1
+    assert "fc_counter_arrive(top) == static_cast<unsigned>(ng - 1)" in src.source   # 2 levels
     assert "fc_counter_wait<" not in src.source   # nothing waits
+
+
+def test_many_chunks_merge_in_two_levels():
+    """A 2500-token row on 132 CTAs: 20 chunks, merged as 3 groups of <= MERGE_GROUP, then the
+    groups; the tree gives the one-level merge's result to fp32 rounding."""
+    from fusionc.ir.ops.tile_attn_units import _merge, split_plan
+    from fusionc.ir.ops.tile_mla_units import MERGE_GROUP, merge_groups, merge_tree
+    _, splits = split_plan(np.array([2500]), 1, 132, 4096)
+    assert splits[0] > MERGE_GROUP and merge_groups(int(splits[0])) == 3
+    rng = np.random.default_rng(7)
+    parts = [(rng.standard_normal(4).astype(np.float32) * 3, rng.random(4).astype(np.float32),
+              rng.standard_normal((4, 8)).astype(np.float32)) for _ in range(20)]
+    parts[3] = (np.full(4, -np.inf, np.float32), np.zeros(4, np.float32),
+                np.zeros((4, 8), np.float32))   # an empty chunk
+    assert np.allclose(merge_tree(parts), _merge(parts), rtol=1e-5, atol=1e-6)
+    m = block("bf16", heads=16, max_seq=4096)
+    args = inputs(m.graphs[0], 2, [2500, 7], np.random.default_rng(8))
+    for a, r in zip(simulate(run_pipeline(m, v2_pipeline(2)), args), interpret(m, args)):
+        assert rel_err(a, r) <= TOL["bf16"]

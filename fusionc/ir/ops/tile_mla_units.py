@@ -26,8 +26,13 @@ every SM, 1 to 128 heads (issue 27).
     (:func:`fusionc.ir.ops.tile_attn_units.split_plan`, computed on the device from
     ``seq_lens``). The head blocks of one chunk are neighbours, so they read its rows while the
     others keep them in L2. The chunk 0 unit of block 0 does the append. Partials (m, l, o) go
-    to global slots; the unit that counts last on the (b, j) counter merges them in chunk order
-    and sets it back to zero, as ``attn_units`` does.
+    to global slots and merge in two levels (:func:`merge_tree`): the unit that counts last on
+    the counter of its group of ``MERGE_GROUP`` consecutive chunks merges the group's slots in
+    chunk order (into the group's first slot, or into ``o`` when the row has one group), then
+    the last group merger of (b, j) merges the groups' slots in order. Each merge is one SM
+    reading its slots through L2, so two levels bound its bytes by ``MERGE_GROUP`` slots
+    rather than every chunk's (up to ``MAX_SPLITS``). Every merger sets its counter back to
+    zero.
 """
 from __future__ import annotations
 
@@ -45,6 +50,34 @@ from fusionc.ir.registry import (FLOAT, FLOATS, POS_INT, Cost, OpDef, attr, enum
 from fusionc.ir.types import DType
 
 MAX_HEADS = 128   # DeepSeek-V3; more would only need more head blocks
+MERGE_GROUP = 8   # chunks one merger reads at either level (MAX_SPLITS = 64 is 8 groups of 8)
+
+
+def merge_groups(splits: int) -> int:
+    """Groups of ``MERGE_GROUP`` consecutive chunks of a (row, head block) with ``splits``
+    chunks: the first merge level's counters."""
+    return -(-splits // MERGE_GROUP)
+
+
+def merge_tree(parts: list) -> np.ndarray:
+    """o of a (row, head block) from its chunks' partials (m, l, o) in the kernel's order:
+    each group of ``MERGE_GROUP`` merged in chunk order to an unnormalised (m, l, o), then
+    the groups in order (:func:`fusionc.ir.ops.tile_attn_units._merge`'s formula, fp32)."""
+    if len(parts) <= MERGE_GROUP:
+        return _merge(parts)
+    return _merge([_partial_merge(parts[i:i + MERGE_GROUP])
+                   for i in range(0, len(parts), MERGE_GROUP)])
+
+
+def _partial_merge(parts: list) -> tuple:
+    """(max m, Σ e_c l_c, Σ e_c o_c) of partials, e_c = exp(m_c − max m) (0 for empty)."""
+    m = np.stack([x[0] for x in parts]).astype(np.float32)
+    top = m.max(axis=0)
+    with np.errstate(invalid="ignore"):
+        e = np.where(np.isneginf(m), np.float32(0), np.exp(m - top)).astype(np.float32)
+    den = sum(e[i] * x[1] for i, x in enumerate(parts)).astype(np.float32)
+    num = sum(e[i][:, None] * x[2] for i, x in enumerate(parts)).astype(np.float32)
+    return top, den, num
 
 
 def block_heads(heads: int, dtype: DType | None = None) -> int:
@@ -137,8 +170,8 @@ def _round(x, dt):
 
 
 def _simulate(op, args, cta):
-    """This CTA's units ``gid``, ``gid + grid``, ...; partials merged by the last unit of each
-    (b, head block), in chunk order."""
+    """This CTA's units ``gid``, ``gid + grid``, ...; the partials of each (b, head block)
+    merged once all arrived, as the kernel merges them (:func:`merge_tree`)."""
     mem = cta.memory
     read = lambda v: mem.read(v.name, (Ellipsis,), cta, op)
     q, ql, kva, pos, lens = (read(op.operands[i]) for i in (0, 1, 2, 4, 5))
@@ -163,7 +196,7 @@ def _simulate(op, args, cta):
         got = store.setdefault((id(op), b, j), {})
         got[c] = _partial(op, cta, cache.name, b, lo, hi, p, heads_j, new, lat)
         if len(got) == splits[b]:
-            out = _merge([got[i] for i in range(int(splits[b]))])
+            out = merge_tree([got[i] for i in range(int(splits[b]))])
             del store[(id(op), b, j)]
             mem.write(o.name, (b, slice(j * hb, j * hb + len(heads_j))), out, cta, op,
                       o.type.dtype)
