@@ -17,15 +17,17 @@ The activations (:func:`head_kernels`) are either
 
 The result is written as ``[B, H, N]``, or flat when its only use is the reshape to ``[B, H·N]``
 (``merge_heads`` before the output projection; absorbed, so the projection chains after it).
-Weights must be static graph inputs whose rows TMA copies and ``N`` a multiple of 64 (tiles
-inside one head: 64-row tiles where ``N`` is no multiple of 128); other ``head_linear`` ops run on the host between the
+Weights must be static graph inputs whose rows TMA copies, ``N`` a multiple of 64 (tiles
+inside one head: 64-row tiles where ``N`` is no multiple of 128) and ``K`` a multiple of a
+tile's columns (a tail tile would read the next head's columns against the weight's zero
+fill, which is only zero while they are finite); other ``head_linear`` ops run on the host between the
 kernels (:func:`fusionc.lower.mla_v2.host_ops`).
 """
 from __future__ import annotations
 
 from fusionc.ir.nodes import Graph, Op, Value, users
 from fusionc.ir.types import FLOAT_DTYPES
-from fusionc.lower.linear_v2 import ROWS
+from fusionc.lower.linear_v2 import ROWS, tile_cols
 from fusionc.lower.match_v2 import LinearKernel
 from fusionc.stream.ring import tma_rows
 
@@ -51,7 +53,8 @@ def _weight_ok(op: Op, params: set) -> bool:
     x, w = op.operands[0].type, op.operands[1].type
     return (op.operands[1].name in params and w.is_static and w.rank == 3 and
             x.dtype == w.dtype and x.dtype in FLOAT_DTYPES and
-            w.shape[1] % ROWS == 0 and tma_rows(w.shape[2], w.dtype.itemsize))
+            w.shape[1] % ROWS == 0 and tma_rows(w.shape[2], w.dtype.itemsize) and
+            w.shape[2] % tile_cols(w.dtype) == 0)   # no K tail: x's next columns are data
 
 
 def _only(v: Value, use, outputs) -> Op | None:

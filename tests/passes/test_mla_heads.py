@@ -19,8 +19,9 @@ from tests.passes.test_mla_v2 import TOL, block as small_block
 
 
 def block(dtype="bf16", **kw):
-    """test_mla_v2's block with heads of 64 (W_UV) and 128 (W_UK) rows."""
-    return small_block(dtype, **{"v_head": 64, "kv_lora": 128, **kw})
+    """test_mla_v2's block with heads of 64 (W_UV) and 128 (W_UK) rows and K of whole tiles
+    (W_UK: nope 128, W_UV: latent 128)."""
+    return small_block(dtype, **{"qk_nope": 128, "v_head": 64, "kv_lora": 128, **kw})
 
 
 def gemv_of(k):
@@ -39,7 +40,7 @@ def test_w_uk_and_w_uv_become_block_diagonal_kernels():
     assert [v.name for v in uv.results] == ["o_flat"]                  # merge_heads absorbed
     g_uk, g_uv = gemv_of(low[uk.attr("kernel").name]), gemv_of(low[uv.attr("kernel").name])
     assert (g_uk.attr("n"), g_uk.attr("k"), g_uk.attr("head_rows"), g_uk.attr("head_cols")) \
-        == (3 * 128, 16, 128, 32)     # q = [q_nope | q_pe] per head: 16 + 16 columns
+        == (3 * 128, 128, 128, 144)     # q = [q_nope | q_pe] per head: 128 + 16 columns
     assert (g_uv.attr("n"), g_uv.attr("k"), g_uv.attr("head_rows"), g_uv.attr("head_cols")) \
         == (3 * 64, 128, 64, 128)
 
@@ -87,8 +88,8 @@ def test_head_tiles_of_64_rows_under_the_wide_path():
 
 CONFIGS = st.fixed_dictionaries({
     "heads": st.sampled_from([1, 2, 5, 16]),
-    "nope_v": st.sampled_from([(16, 64), (32, 128), (64, 64)]),
-    "latent": st.sampled_from([64, 128]),
+    "nope_v": st.sampled_from([(128, 64), (128, 128), (256, 64)]),
+    "latent": st.sampled_from([128, 256]),
     "dtype": st.sampled_from(["f16", "bf16", "f32"]),
     "lens": st.lists(st.integers(0, 150), min_size=1, max_size=3),
     "rows": st.sampled_from([4, 16]),
@@ -109,14 +110,18 @@ def test_simulated_head_kernels_match_interpret(cfg, seed):
 
 
 def test_other_forms_stay_on_the_host():
-    """A head of 16 rows (W_UV with v_head 16) has no 64-row tile: a host GEMM."""
+    """A head of 16 rows (W_UV with v_head 16) has no 64-row tile, and a K of 16 (W_UK with
+    nope 16) would be a tail tile: host GEMMs."""
     low = run_pipeline(block(v_head=16), "fold-views,partition-units{max_batch=4}")
     names = [op.name for op in low["attention"].body]
     assert names == ["launch"] * 3 + ["head_linear", "reshape", "launch"]
+    low = run_pipeline(block(qk_nope=16), "fold-views,partition-units{max_batch=4}")
+    names = [op.name for op in low["attention"].body]
+    assert names == ["launch", "reshape", "split", "head_linear", "launch", "launch"]
     T = fc.bf16
 
     @fc.graph
-    def g(x: T["B", 2, 64], w: T[2, 64, 64]):
+    def g(x: T["B", 2, 128], w: T[2, 64, 128]):
         return fc.head_linear(x * x, w)    # x·x is no kernel's output: the host computes it
     low = run_pipeline(fc.module(g), "fold-views")
     from fusionc.lower.match_heads import head_kernels
@@ -141,7 +146,7 @@ def test_the_verifier_names_bad_head_attributes():
     with pytest.raises(VerifyError, match="head_rows dividing n"):
         verify_module(with_attrs(head_rows=96))
     with pytest.raises(VerifyError, match="heads"):
-        verify_module(with_attrs(head_cols=40))
+        verify_module(with_attrs(head_cols=200))
 
 
 def test_tensor_maps_view_weights_and_activations_as_rows():

@@ -36,13 +36,13 @@ def block(dtype="bf16", **kw):
 
 
 def test_partition_units_makes_linears_kernels_and_one_mla_units_kernel():
-    """W_UK (64 rows per head) is a block-diagonal kernel (tests/passes/test_mla_heads.py);
-    W_UV of 16 rows per head stays a host GEMM."""
+    """Here W_UK (K = nope 16: a tail tile) and W_UV (16 rows per head) stay host GEMMs;
+    tests/passes/test_mla_heads.py has them as block-diagonal kernels."""
     low = run_pipeline(block(), "fold-views,partition-units{max_batch=4}")
     host = low["attention"]
-    assert [op.name for op in host.body] == ["launch", "launch", "launch", "head_linear",
-                                             "reshape", "launch"]   # w_q and w_kv_a: one
-    core = host.body[2]
+    assert [op.name for op in host.body] == ["launch", "reshape", "split", "head_linear",
+                                             "launch", "head_linear", "reshape", "launch"]
+    core = host.body[4]
     assert [v.name for v in core.operands] == ["q", "q_latent", "kv_a", "cache", "positions",
                                                "seq_lens", "kv_norm"]
     assert [v.name for v in core.results] == ["o_latent", "cache.1"]
@@ -184,6 +184,7 @@ def test_mla_units_compile_without_spills(heads, hidden, dtype, regs):
     from fusionc.ir.ops.tile_mla_units import MERGE_GROUP
     assert src.counters == 16 * head_blocks(heads, DType(dtype)) * (1 + 64 // MERGE_GROUP) + 1
     assert "fc_counter_arrive(top) == static_cast<unsigned>(ng - 1)" in src.source   # 2 levels
+    assert "ng == 1 ? out : nullptr,\n             ng == 1 ? nullptr : gslot" in src.source
     assert "fc_counter_wait<" not in src.source   # nothing waits
 
 
