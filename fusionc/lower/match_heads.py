@@ -91,6 +91,7 @@ def _output(k: LinearKernel, use, outputs) -> None:
     y = k.linear.result
     nxt = _only(y, use, outputs)
     k.out = y
-    if nxt is not None and nxt.name == "reshape" and nxt.result.type.rank == 2:
+    flat = (y.type.shape[0], y.type.shape[1] * y.type.shape[2])
+    if nxt is not None and nxt.name == "reshape" and nxt.result.type.shape == flat:
         k.out = nxt.result
         k.absorbed.append(nxt)

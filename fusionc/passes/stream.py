@@ -173,6 +173,14 @@ class PartitionUnits(Pass):
                                     loc=op.loc, valid="views between a linear and the next, "
                                     "past elementwise ops (run fold-views first: v2_pipeline "
                                     "does); graph inputs and outputs in their flat form")
+            if op.name == "head_linear" and id(op) not in specs:
+                raise LoweringError("a head_linear no block-diagonal kernel takes", op=op.name,
+                                    loc=op.loc, valid="a static graph-input weight [H, N, K] "
+                                    "with N a multiple of 64 and K of whole 256-byte tiles, "
+                                    "x a [B, H, K] kernel output or graph input (or the first "
+                                    "part of split(reshape(q)) in an MLA block); elsewhere in "
+                                    "an MLA block it runs on the host; others on "
+                                    "lowering='v1' or the library path")
             if op.name != "linear" and id(op) not in specs:
                 raise LoweringError("not lowered by lowering v2 yet", op=op.name, loc=op.loc,
                                     valid="linear layers with an rms_norm before them and "

@@ -227,7 +227,8 @@ class StreamCTA:
         activation: :func:`fusionc.stream.ring.matrix_lead`), clipped to the tensor."""
         mem = self.cta.memory
         full = mem.arrays[name]
-        arr = full.reshape(int(np.prod(full.shape[:matrix_lead(full.ndim, role)])), -1)
+        lead = matrix_lead(full.ndim, role)
+        arr = full.reshape(int(np.prod(full.shape[:lead])), int(np.prod(full.shape[lead:])))
         rs = slice(max(r0, 0), max(min(r0 + nr, arr.shape[0]), max(r0, 0)))
         cs = slice(max(c0, 0), max(min(c0 + nc, arr.shape[1]), max(c0, 0)))
         writer = mem.writer.get(name)   # allocated at the first store only

@@ -171,3 +171,42 @@ def test_a_compressed_query_lowers_on_v2_by_default_and_matches_interpret():
     args = inputs(g, 3, [5, 0, 100], np.random.default_rng(2))
     for a, r in zip(simulate(low, args), interpret(m, args)):
         assert rel_err(a, r) <= TOL["bf16"]
+
+
+def test_bad_inputs_get_named_errors_or_empty_results():
+    """Found by an attack on the new paths: batch 0 in the simulator, a head_linear result
+    viewed as another rank-2 shape, head attributes of a lowered kernel that do not fit."""
+    from fusionc.errors import LoweringError
+    T = fc.bf16
+
+    @fc.graph
+    def lin(x: T["B", 128], w: T[64, 128]):
+        return fc.linear(x, w)
+    out = simulate(run_pipeline(fc.module(lin), v2_pipeline(4)),
+                   {"x": np.zeros((0, 128)), "w": np.ones((64, 128))})
+    assert out[0].shape == (0, 64)
+
+    @fc.graph
+    def other_view(x: T[3, 2, 128], w: T[2, 64, 128]):
+        return fc.reshape(fc.head_linear(x, w), 6, 64)
+    with pytest.raises(LoweringError, match="'reshape': a view"):
+        run_pipeline(fc.module(other_view), v2_pipeline(4))
+
+    @fc.graph
+    def odd(x: T["B", 2, 128], w: T[2, 96, 128]):
+        return fc.head_linear(x, w)
+    with pytest.raises(LoweringError, match="head_linear no block-diagonal kernel takes"):
+        run_pipeline(fc.module(odd), v2_pipeline(4))
+
+    low = run_pipeline(block(), v2_pipeline(4))   # stage-view form: checked against ring_issue
+    name = low["attention"].body[1].attr("kernel").name
+    from fusionc.ir import Module
+    k = low[name]
+    units = next(u for u in k.body if u.name == "units")
+    for bad in (768, 96):
+        body = tuple(o.replace(attrs=tuple((a, bad if a == "head_rows" else v) for a, v in o.attrs))
+                     if o.name == "acc_gemv" else o for o in units.regions[0])
+        new = k.replace(body=tuple(units.replace(regions=(body,)) if u is units else u
+                                   for u in k.body))
+        with pytest.raises(VerifyError, match="head_rows"):
+            verify_module(Module(tuple(new if x.name == name else x for x in low.graphs)))

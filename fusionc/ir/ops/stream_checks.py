@@ -31,10 +31,11 @@ def check_region(units, graph) -> None:
                  f"count = {want[0]}, group = {want[1]}")
         for issue in (o for o in body if o.name == "ring_issue"):
             w, x = issue.operands[1].type, issue.operands[2].type
-            x_k = math.prod(x.shape[1:]) // (n // g.attr("head_rows")) if g.attr("head_rows") \
-                else x.shape[1]
-            if (math.prod(w.shape[:-1]), w.shape[-1]) != (n, k) or \
-                    x_k != (g.attr("head_cols") or k):
+            if g.attr("head_rows"):   # a block-diagonal tile: its heads' attributes first
+                from fusionc.ir.ops.tile_units import check_heads
+                check_heads(g, x, w)
+                continue
+            if (math.prod(w.shape[:-1]), w.shape[-1]) != (n, k) or x.shape[1] != k:
                 fail(g, f"n = {n}, k = {k} but ring_issue copies w {w} and x {x}",
                      f"n, k = {list(w.shape)}")
     check_tiles(units, graph)

@@ -119,7 +119,7 @@ def _infer_gemv(op):
     if x.dtype != w.dtype:
         fail(op, f"x {x}, w {w}", "x and w of one dtype")
     if w.shape == (rows, cols) and x.rank == 2 and x.shape[1] == cols:
-        return ()   # stage views
+        return ()   # stage views (check_region checks the heads against ring_issue's tensors)
     if op.attr("head_rows"):
         check_heads(op, x, w)
     elif w.shape != (n, k) or x.rank != 2 or x.shape[1] != k:
