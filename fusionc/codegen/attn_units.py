@@ -21,6 +21,7 @@ from fusionc.codegen.render import render
 from fusionc.codegen.source import KernelSource
 from fusionc.errors import CompileError
 from fusionc.ir.nodes import Graph, Op
+from fusionc.ir.types import DType
 from fusionc.ir.ops.rope import inv_freq
 from fusionc.ir.kernel import SMEM_LIMIT
 from fusionc.ir.ops.tile_attn_units import MAX_SPLITS, UNIT_OVERHEAD, WAVES, slots
@@ -66,9 +67,10 @@ def _check(kernel: Graph, op: Op, geo: dict) -> None:
                    "cp.async stages per warp do not fit in shared memory)")
     if bad:
         raise CompileError("attention units cannot take " + ", ".join(bad), op=op.name,
-                           loc=op.loc, valid="f16 or bf16, head_dim a multiple of 16, at most "
-                                             "16 query heads per KV head, a few thousand "
-                                             "rows at most (lowering v1 takes the others)")
+                           loc=op.loc, valid="f16 or bf16 (f32 up to head_dim 128), head_dim "
+                                             "a multiple of 16, at most 16 query heads per KV "
+                                             "head, a few thousand rows at most (lowering v1 "
+                                             "takes the others)")
 
 
 def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
@@ -91,7 +93,8 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
         params=[kp.decl for kp in params], T=cnames.ctype(op.operands[0].type.dtype),
         G=geo["G"], D=geo["D"], H=geo["H"], KVH=geo["KVH"], S=geo["S"], tile=op.attr("tile"),
         grid=op.attr("grid"), threads=threads, max_batch=mb, max_splits=MAX_SPLITS,
-        wmax=WAVES, c0=UNIT_OVERHEAD, qregs=geo["D"] <= QREGS_MAX_D,
+        wmax=WAVES, c0=UNIT_OVERHEAD, fma=op.operands[0].type.dtype == DType.f32,
+        qregs=geo["D"] <= QREGS_MAX_D and op.operands[0].type.dtype != DType.f32,
         scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),
         inv_freq=freq, norm=len(op.operands) == 8, eps=repr(float(op.attr("eps"))),
         qkv=names[0], k_cache=names[1], v_cache=names[2], pos=names[3], lens=names[4],

@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 
 from fusionc.cost.h200 import H200
 from fusionc.ir.nodes import Graph, Op, Value, users
+from fusionc.ir.types import DType
 from fusionc.ir.ops.tile_attn_units import STEP, fast, unsupported
 from fusionc.lower.builder import KernelBuilder
 
 def covers(g: Graph) -> bool:
     """Whether lowering v2 takes every attention of graph ``g``: each ``decode_attention`` is
     the core of a matched block (:func:`attention_cores`) of a geometry the units take at
-    speed (:func:`fusionc.ir.ops.tile_attn_units.fast`)."""
+    speed (:func:`fusionc.ir.ops.tile_attn_units.fast`), not f32 (the units' FMA path takes it
+    when asked for lowering v2; the default waits for its GPU tests)."""
     atts = [op for op in g.body if op.name == "decode_attention"]
     cores = attention_cores(g)
     if len(cores) != len(atts):
@@ -36,7 +38,7 @@ def covers(g: Graph) -> bool:
         q, kc = c.attention.operands[0].type, c.caches[0].type
         if not all(isinstance(x, int) for x in (q.shape[1], *kc.shape[1:])) or \
                 unsupported(q.dtype, q.shape[1], kc.shape[2], kc.shape[3]) or \
-                not fast(kc.shape[3]):
+                not fast(kc.shape[3]) or q.dtype == DType.f32:   # f32 (FMA): not yet run on a GPU
             return False
     return True
 
@@ -65,10 +67,10 @@ def refuse_unmatched(g: Graph, cores) -> None:
                 "read once (fusionc.models.blocks); others on lowering='v1'")
 
 
-def threads(head_dim: int) -> int:
-    """Threads per CTA: eight warps, four above head_dim 128 (two cp.async stages per warp of
-    K and V rows must fit in shared memory: fusionc.codegen.attn_units.geometry)."""
-    return 256 if head_dim <= 128 else 128
+def threads(head_dim: int, dtype: DType | None = None) -> int:
+    """Threads per CTA: eight warps, four above head_dim 128 or for f32 (two cp.async stages
+    per warp of K and V rows must fit in shared memory: fusionc.codegen.attn_units.geometry)."""
+    return 256 if head_dim <= 128 and dtype != DType.f32 else 128
 
 
 @dataclass
@@ -183,7 +185,7 @@ def lower_core(core: AttentionCore, name: str, max_batch: int) -> Graph:
     b.output(kc)
     b.output(vc)
     r = core.rope
-    nt = threads(kc.type.shape[3])
+    nt = threads(kc.type.shape[3], kc.type.dtype)
     b.op("attn_units", qkv, kc, vc, pos, lens, o, *norms, grid=grid(), tile=STEP * nt // 32,
          scale=core.attention.attr("scale"), theta=r.attr("theta"), style=r.attr("style"),
          rotary_dim=r.attr("rotary_dim"), scaling=r.attr("scaling"), eps=core.eps,

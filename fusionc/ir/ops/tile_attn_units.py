@@ -106,8 +106,11 @@ def unsupported(dtype: DType, heads: int, kv_heads: int, head_dim: int) -> list[
         bad.append(f"{heads // kv_heads} query heads per KV head (at most {MAX_GROUP})")
     if head_dim % 16:
         bad.append(f"head_dim {head_dim} (not a multiple of 16)")
-    if dtype not in (DType.f16, DType.bf16):
-        bad.append(f"dtype {dtype} (tensor cores: f16 or bf16)")
+    if dtype == DType.f32 and head_dim > 128:
+        bad.append(f"f32 at head_dim {head_dim} (FMA: at most 128, two stages of fp32 K and V "
+                   "rows per warp in shared memory)")
+    elif dtype not in (DType.f16, DType.bf16, DType.f32):
+        bad.append(f"dtype {dtype} (f16 or bf16 on tensor cores, f32 by FMA)")
     return bad
 
 
