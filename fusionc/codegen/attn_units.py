@@ -4,9 +4,9 @@
 Launch: min(the op's ``grid``, the CTAs resident at once: ``persistent_units``) CTAs of the
 kernel's threads (eight warps, four for head_dim > 128), no cluster; arguments: the kernel's
 tensors in parameter order, the symbolic dims, the partial slots (``fc_ws``:
-:func:`fusionc.ir.ops.tile_attn_units.slots` × G·(D + 2) floats) and per (row, KV head) an
-arrival counter of its units (``fc_counters``, left zero by every launch: the last unit of a
-(row, head) merges and resets it), then the error word of the streamed kernels' interface
+:func:`fusionc.ir.ops.tile_attn_units.slots` × GU·(D + 2) floats, GU the query heads of one
+block) and per (row, KV head, query block) an arrival counter of its units (``fc_counters``,
+left zero by every launch: the last unit merges and resets it), then the error word of the streamed kernels' interface
 (``LoadedKernel.errors()``; nothing here waits, so it stays 0).
 PDL (:mod:`fusionc.codegen.pdl`): every CTA waits for the previous kernel before it reads
 anything and lets the next one start once its units are done.
@@ -24,7 +24,8 @@ from fusionc.ir.nodes import Graph, Op
 from fusionc.ir.types import DType
 from fusionc.ir.ops.rope import inv_freq
 from fusionc.ir.kernel import SMEM_LIMIT
-from fusionc.ir.ops.tile_attn_units import MAX_SPLITS, UNIT_OVERHEAD, WAVES, slots
+from fusionc.ir.ops.tile_attn_units import (MAX_SPLITS, UNIT_OVERHEAD, WAVES, block_rows,
+                                           q_blocks, slots)
 from fusionc.ir.printer import print_graph
 
 MAX_STAGES = 3    # cp.async stages per warp (2 at least)
@@ -48,10 +49,11 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     warps = threads // 32
     step = 2 * 16 * (d + 8) * isz
     g = heads // kvh
+    gu = block_rows(g)
     rest = 16 * (d + 8) * isz + 2 * d * isz + \
-        4 * ((g + 3) * d + 2 * g + 2 * WAVES + warps + max_batch + 2)
+        4 * ((gu + 3) * d + 2 * gu + 2 * WAVES + warps + max_batch + 2)
     stages = min(MAX_STAGES, (SMEM_LIMIT - rest) // (warps * step))
-    return dict(G=g, D=d, H=heads, KVH=kvh, S=S, stages=stages,
+    return dict(G=g, GU=gu, QB=q_blocks(g), D=d, H=heads, KVH=kvh, S=S, stages=stages,
                 smem=warps * stages * step + rest)
 
 
@@ -68,9 +70,8 @@ def _check(kernel: Graph, op: Op, geo: dict) -> None:
     if bad:
         raise CompileError("attention units cannot take " + ", ".join(bad), op=op.name,
                            loc=op.loc, valid="f16 or bf16 (f32 up to head_dim 128), head_dim "
-                                             "a multiple of 16, at most 16 query heads per KV "
-                                             "head, a few thousand rows at most (lowering v1 "
-                                             "takes the others)")
+                                             "a multiple of 16, a few thousand rows at most "
+                                             "(lowering v1 takes the others)")
 
 
 def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
@@ -91,7 +92,8 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
         ir_lines=print_graph(kernel).splitlines(), name=name,
         libs=libs.render_libs({"mma", "attention", "stream"}), stages=geo["stages"],
         params=[kp.decl for kp in params], T=cnames.ctype(op.operands[0].type.dtype),
-        G=geo["G"], D=geo["D"], H=geo["H"], KVH=geo["KVH"], S=geo["S"], tile=op.attr("tile"),
+        G=geo["G"], GU=geo["GU"], QB=geo["QB"], D=geo["D"], H=geo["H"], KVH=geo["KVH"],
+        S=geo["S"], tile=op.attr("tile"),
         grid=op.attr("grid"), threads=threads, max_batch=mb, max_splits=MAX_SPLITS,
         wmax=WAVES, c0=UNIT_OVERHEAD, fma=op.operands[0].type.dtype == DType.f32,
         qregs=geo["D"] <= QREGS_MAX_D and op.operands[0].type.dtype != DType.f32,
@@ -102,9 +104,9 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
         k_norm=names[7] if len(names) > 7 else "", dim_B=batch_dim(op)) + "\n"
     return KernelSource(name=name, source=source, kernel=kernel, grid=op.attr("grid"),
                         cluster=1, threads=threads, smem_bytes=geo["smem"], params=tuple(params),
-                        workspace_floats=slots(mb, geo["KVH"], op.attr("grid")) *
-                        geo["G"] * (geo["D"] + 2),
-                        counters=mb * geo["KVH"] + 1, resident=True,
+                        workspace_floats=slots(mb, geo["KVH"] * geo["QB"], op.attr("grid")) *
+                        geo["GU"] * (geo["D"] + 2),
+                        counters=mb * geo["KVH"] * geo["QB"] + 1, resident=True,
                         persistent_units=op.attr("grid"), pdl=True)
 
 

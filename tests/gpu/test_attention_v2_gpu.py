@@ -3,7 +3,7 @@ v2 linear kernels, the core (RoPE, QK-norm, KV append, split-KV attention) as at
 over every SM. Each case against the float64 interpreter and the simulator on fresh random
 inputs (NaN in the caches past each row's length, the output poisoned), with MHA, GQA 4:1 and
 8:1, one KV head, Qwen3's QK-norm, GPT-J RoPE with a partial rotary dim, Llama 3.1 scaling,
-head_dim 64 / 80 / 96 / 128 / 256, f32 (FMA), rows of length 0, 1, a chunk ± 1 and long rows, batch 1-64
+head_dim 64 / 80 / 96 / 128 / 256, f32 (FMA), a group of 32 query heads (query blocks), rows of length 0, 1, a chunk ± 1 and long rows, batch 1-64
 (batch 256: test_attention_v2_edges_gpu); then 50 CUDA-graph replays with lengths that grow
 each step."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
@@ -45,6 +45,8 @@ CASES = [
      None, 64),
     ("batch5", dict(hidden=512, heads=8, kv_heads=2, head_dim=128, max_seq=1500), "bf16",
      [0, 1, 1500, 129, 127], 5),
+    ("mqa32", dict(hidden=256, heads=32, kv_heads=1, head_dim=64, max_seq=2048), "f16",
+     [2048, 0, 5, 700], 4),   # a group of 32: two query blocks per KV head
     ("f32-gqa4", dict(hidden=256, heads=8, kv_heads=2, head_dim=128, max_seq=1024), "f32",
      [1024, 0, 1, 129], 4),   # fp32 by FMA on four warps
     ("f32-d64-qk-norm", dict(hidden=256, heads=16, kv_heads=1, head_dim=64, max_seq=700,

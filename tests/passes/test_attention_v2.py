@@ -87,7 +87,8 @@ def test_split_plan_covers_every_row_in_equal_chunks_within_the_slots(lens, kvh,
 
 
 CONFIGS = st.fixed_dictionaries({
-    "heads_kv": st.sampled_from([(1, 1), (2, 2), (4, 1), (4, 2), (8, 2), (16, 1)]),
+    "heads_kv": st.sampled_from([(1, 1), (2, 2), (4, 1), (4, 2), (8, 2), (16, 1), (32, 1),
+                                 (40, 2)]),   # the last two: groups of 32 and 20, query blocks
     "head_dim": st.sampled_from([16, 32, 48]),
     "qk_norm": st.booleans(),
     "dtype": st.sampled_from(["f16", "bf16", "f32"]),
@@ -170,6 +171,7 @@ def test_units_refuse_f32_past_head_dim_128_by_name():
                                       ("f32", dict(head_dim=128, heads=32, kv_heads=8)),
                                       ("f32", dict(head_dim=64, heads=16, kv_heads=1,
                                                    qk_norm=True)),
+                                      ("f16", dict(head_dim=64, heads=32, kv_heads=1)),
                                       ("f16", dict(head_dim=256, heads=4, kv_heads=2,
                                                    qk_norm=True))])
 def test_attention_units_compile_without_spills(dtype, kw):
@@ -180,7 +182,8 @@ def test_attention_units_compile_without_spills(dtype, kw):
     assert ck.spills == 0, ck.report()
     src = ck.source
     assert src.blocks == 132 and src.smem_bytes <= 232448 and src.pdl
-    assert src.counters == 16 * kw["kv_heads"] + 1 and src.resident   # + the error word
+    blocks = -(-kw["heads"] // kw["kv_heads"] // 16)   # query blocks per KV head
+    assert src.counters == 16 * kw["kv_heads"] * blocks + 1 and src.resident   # + error word
     assert src.persistent_units == 132 and "u += grid" in src.source
     assert "fc_counter_arrive(cnt) == static_cast<unsigned>(splits - 1)" in src.source   # last merges
     assert "fc_counter_wait<" not in src.source   # nothing waits

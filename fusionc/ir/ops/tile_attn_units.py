@@ -21,8 +21,11 @@ SM, whatever the head counts (issue 22).
     never by the host): each (b, h) is cut into ``splits[b]`` equal chunks of L_b tokens, L_b a
     multiple of ``tile``, so that the units number about the ``grid`` CTAs: unit (b, c, h),
     numbered in that order (a chunk's KV heads side by side), takes tokens
-    [c·L_b, min(n, (c+1)·L_b)). CTA i takes units i, i + grid, ...; its warps share each
-    unit's 16-token steps. The chunk 0 unit of (b, h) does the append. A unit's partial
+    [c·L_b, min(n, (c+1)·L_b)). A group of more than 16 query heads is cut into blocks of
+    16 (:func:`q_blocks`): unit (b, c, h, qb) takes block qb's heads, the blocks of a chunk
+    and head side by side (their K/V reads meet in L2), and (b, c, h) counts as (b, c, h, qb)
+    in what follows. CTA i takes units i, i + grid, ...; its warps share each
+    unit's 16-token steps. The chunk 0 unit of (b, h) (block 0) does the append. A unit's partial
     (m, l, o) (online softmax, Milakov & Gimelshein 2018; split-KV as Flash-Decoding, Dao et
     al. 2023) goes to a global slot, then (release) the unit counts itself on the (b, h)
     arrival counter; the unit that counts last (acquire) merges the slots in chunk order, so
@@ -94,7 +97,17 @@ def _chunks(tiles, per: int):
 
 
 STEP = 16         # tokens per warp step (the mma's k for P·V)
-MAX_GROUP = 16    # query heads per KV head: the mma's 16 rows
+QBLOCK = 16   # query heads of one unit: the mma's 16 rows (a larger group: blocks of 16)
+
+
+def q_blocks(group: int) -> int:
+    """Units per (row, chunk, KV head): the query blocks of a group of ``group`` heads."""
+    return -(-group // QBLOCK)
+
+
+def block_rows(group: int) -> int:
+    """Query heads of one block (the last may have fewer)."""
+    return min(group, QBLOCK)
 FAST_HEAD_DIMS = "head_dim <= 128 or 256"   # others between 144 and 240 spill registers
 
 
@@ -102,8 +115,6 @@ def unsupported(dtype: DType, heads: int, kv_heads: int, head_dim: int) -> list[
     """Why the attention units cannot take this head geometry (empty: they can). The code
     generator (``fusionc.codegen.attn_units``) and the default lowering both ask this."""
     bad = []
-    if heads // kv_heads > MAX_GROUP:
-        bad.append(f"{heads // kv_heads} query heads per KV head (at most {MAX_GROUP})")
     if head_dim % 16:
         bad.append(f"head_dim {head_dim} (not a multiple of 16)")
     if dtype == DType.f32 and head_dim > 128:
@@ -122,7 +133,8 @@ def fast(head_dim: int) -> bool:
 
 def slots(max_batch: int, kv_heads: int, grid: int) -> int:   # grid: units at once
     """Partial slots a launch may fill (one per unit): U ≤ T / per + B · kv_heads ≤
-    grid · WAVES + max_batch · kv_heads (:func:`split_plan`)."""
+    grid · WAVES + max_batch · kv_heads (:func:`split_plan`; ``kv_heads``: units per chunk,
+    KV heads × query blocks)."""
     return grid * WAVES + max_batch * kv_heads
 
 
@@ -206,29 +218,33 @@ def _simulate(op, args, cta):
                               for v in op.operands[:1] + op.operands[3:5] + op.operands[6:])
     _, kc, o, kvh, d = _shapes(op)
     S, grid = kc.shape[1], op.attr("grid")
-    L, splits = split_plan(lens, kvh, grid, S, op.attr("tile"))
-    first = np.concatenate([[0], np.cumsum(splits * kvh)])
+    group = o.shape[1] // d // kvh
+    qb_n, rows = q_blocks(group), block_rows(group)
+    L, splits = split_plan(lens, kvh * qb_n, grid, S, op.attr("tile"))
+    first = np.concatenate([[0], np.cumsum(splits * kvh * qb_n)])
     store = mem.__dict__.setdefault("attn_slots", {})
     for u in range(cta.gid, int(first[-1]), grid):
         b = int(np.searchsorted(first, u, side="right")) - 1
-        c, h = divmod(u - int(first[b]), kvh)   # (b, c, h): a chunk's heads side by side
+        c, hq = divmod(u - int(first[b]), kvh * qb_n)   # (b, c, h, qb): a chunk's side by side
+        h, qb = divmod(hq, qb_n)
         p = int(pos[b])
         q, kn, vn = head_vectors(op, qkv[b], p, h, norms)
+        q = q[qb * rows:(qb + 1) * rows]
         names = [v.name for v in op.operands[1:3]]
-        if c == 0 and 0 <= p < S:
+        if c == 0 and qb == 0 and 0 <= p < S:
             for name, x in zip(names, (kn, vn)):
                 mem.write(name, (b, p, h), x, cta, op, kc.dtype)
         n = min(max(int(lens[b]), 0), S)
         lo, hi = min(n, c * int(L[b])), min(n, (c + 1) * int(L[b]))
         part = _partial(op, cta, names, b, h, lo, hi, p, q, kn, vn)
-        got = store.setdefault((id(op), b, h), {})
+        got = store.setdefault((id(op), b, hq), {})
         got[c] = part
         if len(got) == splits[b]:
             out = _merge([got[i] for i in range(int(splits[b]))])
-            del store[(id(op), b, h)]
-            g = q.shape[0]
-            mem.write(op.operands[5].name, (b, slice(h * g * d, (h + 1) * g * d)),
-                      out.reshape(-1), cta, op, o.dtype)
+            del store[(id(op), b, hq)]
+            at = (h * group + qb * rows) * d
+            mem.write(op.operands[5].name, (b, slice(at, at + out.size)), out.reshape(-1), cta,
+                      op, o.dtype)
     return ()
 
 
