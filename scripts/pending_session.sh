@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the work that waited for a GPU (issues 24, 25, 27): the GPU tests of the
+# One device call for the work that waited for a GPU (issues 22, 24, 25, 27): the GPU tests of the
 # modules never run on one, each bounded, then the benchmarks asked for. Fill the cache first
 # on a CPU machine (NVRTC needs no GPU) and carry .whl and .fcache.tgz:
 #   FUSIONC_CACHE_DIR=.fcache python -m tests.gpu.precompile
@@ -13,7 +13,7 @@ what=${1:-tests}; shift || true
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case $what in
   tests)
-    mods=${*:-test_mla_v2_gpu test_step_ends_gpu test_prefill_gpu test_graphs_v2_gpu test_models_gpu}
+    mods=${*:-test_mla_v2_gpu test_attention_v2_gpu test_step_ends_gpu test_prefill_gpu test_graphs_v2_gpu test_models_gpu}
     for m in $mods; do
       s=$SECONDS
       timeout "${SUITE_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --tb=short \

@@ -47,6 +47,8 @@ CASES = [
      [0, 1, 1500, 129, 127], 5),
     ("mqa32", dict(hidden=256, heads=32, kv_heads=1, head_dim=64, max_seq=2048), "f16",
      [2048, 0, 5, 700], 4),   # a group of 32: two query blocks per KV head
+    ("g20", dict(hidden=256, heads=40, kv_heads=2, head_dim=64, max_seq=1000), "bf16",
+     [1000, 1, 0], 4),        # a group of 20: a full block and one of 4 rows
     ("f32-gqa4", dict(hidden=256, heads=8, kv_heads=2, head_dim=128, max_seq=1024), "f32",
      [1024, 0, 1, 129], 4),   # fp32 by FMA on four warps
     ("f32-d64-qk-norm", dict(hidden=256, heads=16, kv_heads=1, head_dim=64, max_seq=700,
