@@ -35,6 +35,7 @@ from fusionc.lower.match_mla import MLAStage
 
 V1_MAX_HEADS = 16   # every attention work unit computes all heads in one CTA
 V1_TESTED_ROWS = 16  # the largest batch its GPU tests and benchmarks ran (2026-12-01)
+V1_F32_ROWS = 8      # f32: GPU-tested at 3 rows; from 16 its grid barrier finds no configuration
 
 
 def lower_mla(st: MLAStage, name: str, size: int, group: int, max_batch: int,

@@ -118,21 +118,21 @@ def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
 
 def _mla_lowering(g: Graph, max_batch: int) -> str:
     """An MLA graph's default: v1's five-phase kernel where it was tested on the GPU (at most
-    16 heads and 16 rows, and f32 up to 16 heads), else v2's MLA units where they take the
+    16 heads and 16 rows, f32 8 rows: from 16 f32 rows its grid barrier finds no
+    configuration), else v2's MLA units where they take the
     graph (their GPU tests are still to run: DESIGN §7.8 makes v2 the default once they pass),
     else v1 (which names what it refuses)."""
     from fusionc.ir.types import DType
     from fusionc.lower import mla_v2
-    from fusionc.lower.mla import V1_MAX_HEADS, V1_TESTED_ROWS
+    from fusionc.lower.mla import V1_F32_ROWS, V1_MAX_HEADS, V1_TESTED_ROWS
     mla = [op for op in g.body if op.name == "mla_decode_attention"]
     heads = max(op.operands[0].type.shape[1] for op in mla)
     v2 = mla_v2.covers(first_passes(g))
     if v2 and not _v1_takes(g):   # e.g. a compressed query (q_lora): v1 has no such stage
         return "v2"
-    if heads <= V1_MAX_HEADS and _rows(g, max_batch) <= V1_TESTED_ROWS:
+    f32 = any(op.operands[0].type.dtype == DType.f32 for op in mla)
+    if heads <= V1_MAX_HEADS and _rows(g, max_batch) <= (V1_F32_ROWS if f32 else V1_TESTED_ROWS):
         return "v1"
-    if heads <= V1_MAX_HEADS and any(op.operands[0].type.dtype == DType.f32 for op in mla):
-        return "v1"   # fp32 units (FMA) not yet run on a GPU: v1, which took f32 before
     return "v2" if v2 else "v1"
 
 

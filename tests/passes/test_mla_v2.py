@@ -139,7 +139,11 @@ def test_mla_stays_on_v1_by_default_where_v1_was_tested():
     assert default_lowering(g, max_batch=64) == "v2"   # no v1 configuration at 64 rows
     assert default_lowering(block(heads=128).graphs[0]) == "v2"   # v1 takes 16 heads at most
     assert default_lowering(block("f32", heads=128).graphs[0]) == "v2"   # fp32 by FMA
-    assert default_lowering(block("f32").graphs[0], max_batch=64) == "v1"   # v1 took f32 first
+    assert default_lowering(block("f32").graphs[0], max_batch=8) == "v1"   # v1 took f32 first
+    # from 16 f32 rows v1's grid barrier finds no configuration (a new user found it): v2
+    assert default_lowering(block("f32").graphs[0], max_batch=16) == "v2"
+    import fusionc as fc
+    fc.compile(deepseek.build(dtype="f32", max_seq=256), max_batch=16)   # no lowering error
     pipe = v2_default_pipeline(g, 8)   # the fused kernels (wide tiles where measured faster)
     assert "partition-units" in pipe and "lower-library" not in pipe
 
