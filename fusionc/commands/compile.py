@@ -137,7 +137,7 @@ def _lower(g, args, out: pathlib.Path):
         stage[0] += 1
         write_file(out / f"{g.name}.{stage[0]}-{spec.split('{')[0]}.fir", print_module(m))
     max_batch = args.max_batch or DEFAULT_MAX_BATCH
-    lowering = getattr(args, "lowering", "auto")
+    lowering = chosen = getattr(args, "lowering", "auto")
     if lowering == "auto":
         from fusionc.runtime.pipelines import default_lowering
         lowering = default_lowering(g, args.cluster, args.scheme, max_batch)
@@ -154,6 +154,9 @@ def _lower(g, args, out: pathlib.Path):
         pipeline = v2_default_pipeline(g, max_batch)
     else:
         pipeline = pipeline_for(g, max_batch, args.cluster, args.scheme)
+    how = "--passes" if args.passes else f"lowering {lowering}" + (
+        " (auto)" if chosen == "auto" else "")
+    print(f"lowering @{g.name} at --max-batch {max_batch}: {how}: {pipeline}")
     return run_pipeline(Module((g,)), pipeline, on_stage=dump)
 
 
