@@ -216,17 +216,22 @@ def sibling(a: LinearKernel, b: LinearKernel) -> bool:
     """Whether ``b`` reads what ``a`` reads, with the same RMSNorm prologue (w_q and w_kv_a
     of an MLA block): its phase needs no wait, and the kernel's ``row_rms`` serves both."""
     wa, wb = a.linear.operands[1].type, b.linear.operands[1].type
-    ring = all(w.is_static and tma_rows(w.shape[-1], w.dtype.itemsize) for w in (wa, wb))
-    return (not a.heads and not b.heads and ring and a.xin.name == b.xin.name and
-            a.norm is b.norm and wa.dtype == wb.dtype)
+    return (not a.heads and not b.heads and a.xin.name == b.xin.name and
+            a.norm is b.norm and wa.dtype == wb.dtype and _ring(a, b))
 
 
 def _chains(a: LinearKernel, b: LinearKernel, use: dict, outputs: set) -> bool:
     x = b.linear.operands[0]
     wa, wb = a.linear.operands[1].type, b.linear.operands[1].type
-    ring = all(w.is_static and tma_rows(w.shape[-1], w.dtype.itemsize) for w in (wa, wb))
     return (b.norm is None and not b.heads and x.name == a.out.name and x.name not in outputs and
-            len(use.get(x.name, [])) == 1 and ring and wa.dtype == wb.dtype == x.type.dtype)
+            len(use.get(x.name, [])) == 1 and _ring(a, b) and
+            wa.dtype == wb.dtype == x.type.dtype)
+
+
+def _ring(a: LinearKernel, b: LinearKernel) -> bool:
+    """Both stream their weight tiles through the ring (static rows TMA copies)."""
+    return all(w.is_static and tma_rows(w.shape[-1], w.dtype.itemsize)
+               for w in (k.linear.operands[1].type for k in (a, b)))
 
 
 def _tensors(k: LinearKernel) -> list[Value]:

@@ -108,6 +108,8 @@ def q_blocks(group: int) -> int:
 def block_rows(group: int) -> int:
     """Query heads of one block (the last may have fewer)."""
     return min(group, QBLOCK)
+
+
 FAST_HEAD_DIMS = "head_dim <= 128 or 256"   # others between 144 and 240 spill registers
 
 
@@ -269,14 +271,21 @@ def _partial(op, cta, names, b, h, lo, hi, p, q, kn, vn):
     return m, e.sum(axis=1), pv @ rows[1]
 
 
-def _merge(parts):
-    """o = Σ_c e_c o_c / Σ_c e_c l_c with e_c = exp(m_c − max m) (0 for empty chunks)."""
+def partial_merge(parts) -> tuple:
+    """(max m, Σ_c e_c l_c, Σ_c e_c o_c) of partials (m, l, o) in order, e_c = exp(m_c −
+    max m) (0 for empty chunks): an unnormalised partial itself (mla_units' two levels)."""
     m = np.stack([x[0] for x in parts])
     top = m.max(axis=0)
     with np.errstate(invalid="ignore"):
         e = np.where(np.isneginf(m), np.float32(0), np.exp(m - top)).astype(np.float32)
     den = sum(e[i] * x[1] for i, x in enumerate(parts))
     num = sum(e[i][:, None] * x[2] for i, x in enumerate(parts))
+    return top, den, num
+
+
+def _merge(parts):
+    """o = Σ_c e_c o_c / Σ_c e_c l_c (:func:`partial_merge`), 0 where no token counted."""
+    _, den, num = partial_merge(parts)
     return np.where(den[:, None] > 0, num / np.where(den > 0, den, 1)[:, None], 0)
 
 

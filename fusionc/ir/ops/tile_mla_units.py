@@ -43,7 +43,8 @@ import numpy as np
 from fusionc.interp.numerics import round_to
 from fusionc.ir.ops.norm import rms_norm_values
 from fusionc.ir.ops.rope import rope_values
-from fusionc.ir.ops.tile_attn_units import TILE, WAVES, _merge, split_plan, verify_units
+from fusionc.ir.ops.tile_attn_units import (TILE, WAVES, _merge, partial_merge, split_plan,
+                                           verify_units)
 from fusionc.ir.ops.tile_memory import K
 from fusionc.ir.registry import (FLOAT, FLOATS, POS_INT, Cost, OpDef, attr, enum, fail,
                                  register)
@@ -65,19 +66,8 @@ def merge_tree(parts: list) -> np.ndarray:
     the groups in order (:func:`fusionc.ir.ops.tile_attn_units._merge`'s formula, fp32)."""
     if len(parts) <= MERGE_GROUP:
         return _merge(parts)
-    return _merge([_partial_merge(parts[i:i + MERGE_GROUP])
+    return _merge([partial_merge(parts[i:i + MERGE_GROUP])
                    for i in range(0, len(parts), MERGE_GROUP)])
-
-
-def _partial_merge(parts: list) -> tuple:
-    """(max m, Σ e_c l_c, Σ e_c o_c) of partials, e_c = exp(m_c − max m) (0 for empty)."""
-    m = np.stack([x[0] for x in parts]).astype(np.float32)
-    top = m.max(axis=0)
-    with np.errstate(invalid="ignore"):
-        e = np.where(np.isneginf(m), np.float32(0), np.exp(m - top)).astype(np.float32)
-    den = sum(e[i] * x[1] for i, x in enumerate(parts)).astype(np.float32)
-    num = sum(e[i][:, None] * x[2] for i, x in enumerate(parts)).astype(np.float32)
-    return top, den, num
 
 
 def block_heads(heads: int, dtype: DType | None = None) -> int:

@@ -37,6 +37,8 @@ TMA reads of generically written data without the proxy fence.
 """
 from __future__ import annotations
 
+import math
+
 from fusionc.ir.ops.tile_memory import K, param_of
 from fusionc.ir.registry import NONNEG_INT, POS_INT, Cost, OpDef, attr, fail, register
 from fusionc.ir.types import FLOAT_DTYPES
@@ -89,8 +91,8 @@ def _infer_issue(op):
         check_heads(op, x, w, w.shape[-1])
     elif w.rank != 2 or x.rank != 2 or w.shape[1] != x.shape[1]:
         fail(op, f"w {w} and x {x}", "w: [N, K] and x: [B, K], one K")
-    for t, what in ((w, "K"), (x, "activation row")):
-        c = t.shape[-1] if t is w else t.shape[1] * (t.shape[2] if t.rank == 3 else 1)
+    for t, c, what in ((w, w.shape[-1], "K"), (x, x.shape[1:], "activation row")):
+        c = math.prod(c) if isinstance(c, tuple) and all(isinstance(d, int) for d in c) else c
         if isinstance(c, int) and (c * t.dtype.itemsize) % 16:
             fail(op, f"{what} of {c} elements ({c * t.dtype.itemsize} bytes)",
                  "rows whose bytes are a multiple of 16 (else the plain-load path)")
