@@ -49,7 +49,8 @@ def write_random_model(path: str | Path, kind: str = "qwen3", *, seed: int = 0,
         seed: the weights' random seed.
         shards: safetensors files (an index file when > 1).
         **config: config.json fields that replace the tiny defaults, e.g.
-            ``num_hidden_layers=4, torch_dtype="float32", tie_word_embeddings=False``.
+            ``num_hidden_layers=4, torch_dtype="float32", tie_word_embeddings=False``
+            (``dtype=`` is taken as ``torch_dtype``).
     Raises:
         InputError: an unknown kind, or fields that make an invalid config.
     """
@@ -61,7 +62,10 @@ def write_random_model(path: str | Path, kind: str = "qwen3", *, seed: int = 0,
     except OSError as e:
         raise InputError(f"cannot create {folder}: {e.strerror}", valid="a writable folder"
                          ) from None
-    return write_model(folder, TINY[kind] | config, np.random.default_rng(seed), shards)
+    raw = TINY[kind] | config
+    if "dtype" in config:       # transformers' newer name for torch_dtype: the one given wins
+        raw["torch_dtype"] = raw.pop("dtype")
+    return write_model(folder, raw, np.random.default_rng(seed), shards)
 
 
 def write_model(path: Path, raw: dict, rng, shards: int = 1) -> dict:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 def model(request, tmp_path_factory):
     kind, dtype = request.param
     d = tmp_path_factory.mktemp("prefill") / f"{kind}-{dtype}"
-    write_random_model(d, kind, layers=2, dtype=dtype)
+    write_random_model(d, kind, num_hidden_layers=2, dtype=dtype)
     return d
 
 
@@ -63,7 +63,7 @@ def precompile() -> None:
     for kind in ("llama", "qwen3"):
         with tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp) / kind
-            write_random_model(d, kind, layers=2, dtype="float16")
+            write_random_model(d, kind, num_hidden_layers=2, dtype="float16")
             cfg = load_config(d)
         for batch in (1, 2):
             Decoder(cfg, batch=batch, max_seq=32)

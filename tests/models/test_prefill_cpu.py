@@ -22,7 +22,7 @@ def rel(a, b):
 def model(request, tmp_path_factory):
     kind, dtype = request.param
     d = tmp_path_factory.mktemp("prefill") / f"{kind}-{dtype}"
-    write_random_model(d, kind, layers=2, dtype=dtype)
+    write_random_model(d, kind, num_hidden_layers=2, dtype=dtype)
     return d
 
 

@@ -15,7 +15,7 @@ from fusionc.models.weights import SafetensorsWeights, layer_weights
 @pytest.fixture(scope="module", params=["float16", "bfloat16"])
 def model(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("tp") / request.param
-    write_random_model(d, "llama", layers=2, dtype=request.param)
+    write_random_model(d, "llama", num_hidden_layers=2, dtype=request.param)
     return d
 
 
@@ -57,7 +57,7 @@ def test_sizes_and_models_that_do_not_shard_are_named(model, tmp_path, capsys):
     with pytest.raises(InputError, match="tp = 3 ranks for heads = 4"):
         HostDecoder.from_pretrained(model, max_seq=8, tp=3)
     q = tmp_path / "qwen3"
-    write_random_model(q, "qwen3", layers=1)
+    write_random_model(q, "qwen3", num_hidden_layers=1)
     with pytest.raises(InputError, match="QK-norm"):
         HostDecoder.from_pretrained(q, max_seq=8, tp=2)
     assert fusionc.cli.main(["generate", "--model", str(model), "--prompt-tokens", "1",
@@ -91,10 +91,13 @@ def test_bad_ranks_and_sizes_of_the_shard_helpers_are_named(model):
 def test_two_simulated_ranks_prefill_like_one(model, chunk):
     rng = np.random.default_rng(chunk)
     prompts = [rng.integers(0, 80, 9), rng.integers(0, 80, 4)]
+    ref = HostDecoder.from_pretrained(model, batch=2, max_seq=16, precise=True).prefill(prompts)
     one = HostDecoder.from_pretrained(model, batch=2, max_seq=16)
     two = HostDecoder.from_pretrained(model, batch=2, max_seq=16, tp=2)
     a, b = one.prefill(prompts, chunk=chunk), two.prefill(prompts, chunk=chunk)
-    assert np.linalg.norm(a - b) / np.linalg.norm(a) <= 1e-2
+    err = [np.linalg.norm(x - ref) / np.linalg.norm(ref) for x in (a, b)]
+    # bf16's own rounding through two layers is ~1e-2 on one rank: two ranks may add a quarter
+    assert err[1] <= max(1e-2, 1.25 * err[0]), err
 
 
 def test_layers_of_the_wrong_form_are_named(model):
