@@ -6,15 +6,14 @@ eager and torch.compile, each in a CUDA graph, vs the floor (DESIGN §7: bytes o
 bandwidth or FLOPs over 790 TFLOP/s, whichever is larger). Run on the GPU machine:
 
     python3 benchmarks/mla.py [--layer V2-Lite|V3] [--batch 1,16] [--kv 1024,4096]
-                              [--lowering v1|v2] [--shard i/n] [--no-torch-compile]
-                              [--compile-mode default]
+                              [--shard i/n] [--no-torch-compile] [--compile-mode default]
     python3 benchmarks/mla.py --compile-only [--shard i/n]   # fill the cubin cache, no GPU
 
 Points: batch 1, 16, 64, 256 × KV 1K, 4K, 16K per layer, those whose caches fit (:func:`fits`);
 ``--shard i/n`` runs every n-th from the i-th; ``$OUT/mla[-shard…].csv`` when ``$OUT`` is
 set. Every variant rotates through buffer sets totalling >= 3x L2 (benchmarks/common.py).
-``--lowering`` defaults to v2 (the MLA units); v1 (the five-phase kernel) takes at most 16
-heads. Prints a Markdown table (last) for BENCHMARKS.md.
+fusionc compiles on lowering v2 (the MLA units: MLA's only lowering). Prints a Markdown table
+(last) for BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -80,11 +79,11 @@ def build(m: dict, kv: int):
                                   max_seq=kv, q_lora=m["q_lora"])
 
 
-def fusionc_mla(m: dict, batch: int, kv: int, lowering: str):
+def fusionc_mla(m: dict, batch: int, kv: int):
     """fusionc.compile of the example's graph at these sizes (None where it cannot)."""
     import fusionc
     try:
-        return fusionc.compile(build(m, kv), max_batch=batch, kv_len=kv, lowering=lowering)
+        return fusionc.compile(build(m, kv), max_batch=batch, kv_len=kv, lowering="v2")
     except fusionc.errors.FusionError as e:
         print("fusionc cannot compile this point:", e)
         return None
@@ -122,7 +121,7 @@ def run_point(layer: str, batch: int, kv: int, bw: float, args) -> dict:
         s["w_o"], s["cache"], s["positions"], kv, **kw)
     compiled = None if args.no_torch_compile else \
         common.fresh_compile(eager, args.compile_mode)
-    fn = fusionc_mla(m, batch, kv, args.lowering)
+    fn = fusionc_mla(m, batch, kv)
     fl, bound = floor_us(m, batch, kv, bw)
     row = dict(layer=layer, batch=batch, kv=kv, floor_us=fl, bound=bound,
                config=fn.report().split(":")[1].split(",")[0].strip() if fn else "-")
@@ -138,7 +137,6 @@ def parse(argv=None):
     ap.add_argument("--layer", choices=list(LAYERS), action="append")
     ap.add_argument("--batch", type=batch_list, help="batch sizes, comma-separated")
     ap.add_argument("--kv", type=batch_list, help="KV lengths, comma-separated")
-    ap.add_argument("--lowering", choices=("v1", "v2"), default="v2")
     ap.add_argument("--shard", type=shard_spec, default=None, metavar="i/n")
     ap.add_argument("--compile-only", action="store_true",
                     help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
@@ -153,7 +151,7 @@ def main() -> int:
     todo = points(args)
     if args.compile_only:
         for layer, b, k in todo:
-            fn = fusionc_mla(LAYERS[layer], b, k, args.lowering)
+            fn = fusionc_mla(LAYERS[layer], b, k)
             print(layer, b, k, fn.report().split(",")[0] if fn else "-", flush=True)
         return 0
     import torch

@@ -55,7 +55,8 @@ class CodegenOptions:
         load_batch: 16-byte global loads each thread issues before storing them, in the tile
             ``load`` (1: one per iteration; each iteration's load then waits for the previous
             iteration's shared-memory store). Larger values keep more loads in flight; 4 was
-            within noise of 1 on the MLA kernel (H200, 2026-11-30), hence off by default.
+            within noise of 1 on lowering v1's MLA kernel (since deleted; H200, 2026-11-30),
+            hence off by default.
         timeline: profiling build: after a ``__syncthreads()``, thread 0 of every CTA stores
             ``%globaltimer`` (ns) at entry, after every top-level op, at each grid_barrier's
             arrival and release, and at exit, into 64-bit slots after the kernel's other

@@ -69,4 +69,4 @@ CONTROL = frozenset({"when", "exit", "barrier", "cluster_barrier"})
 
 def _load() -> None:
     from fusionc.codegen import (ops_attention, ops_collective, ops_compute,  # noqa: F401
-                                 ops_graph, ops_grid, ops_memory, ops_mla)
+                                 ops_graph, ops_grid, ops_memory)

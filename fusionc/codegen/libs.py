@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from fusionc.codegen.render import render
 
-ORDER = ("common", "mma", "gemv", "gemv_mma", "attention", "mla", "stream", "wgmma",
-         "stream_flush")
-DEPS = {"gemv_mma": ("mma", "gemv"), "mla": ("mma",), "stream": ("mma",),
+ORDER = ("common", "mma", "gemv", "gemv_mma", "attention", "stream", "wgmma", "stream_flush")
+DEPS = {"gemv_mma": ("mma", "gemv"), "stream": ("mma",),
         "wgmma": ("stream",),
         "stream_flush": ("stream",)}  # libraries that use another's helpers
 

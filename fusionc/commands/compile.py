@@ -57,13 +57,13 @@ def setup(p):
 def add_lowering_arg(p) -> None:
     """``--lowering`` of ``fusionc compile`` and ``run``."""
     p.add_argument("--lowering", choices=("auto", "v1", "v2"), default="auto",
-                   help="v1: cluster kernels per block; v2: streamed persistent kernels over "
-                        "every SM (graphs of linear, norm, view and elementwise ops, and "
-                        "attention blocks as v2 linears around attention units; the "
-                        "library path where the cost table measured it faster; MLA blocks "
-                        "on the MLA units); auto (default): v2, except v1 for an MLA block "
-                        "within v1's tested range (16 heads, 16 rows; f32 8), an attention "
-                        "the units do not take by default, or --cluster / --scheme given")
+                   help="v1: cluster kernels per block (no MLA); v2: streamed persistent "
+                        "kernels over every SM (graphs of linear, norm, view and elementwise "
+                        "ops, attention blocks as v2 linears around attention units, MLA "
+                        "blocks around the MLA units; the library path where the cost table "
+                        "measured it faster); auto (default): v2 unless the graph holds "
+                        "an attention the units do not take by default, or --cluster / "
+                        "--scheme is given")
 
 
 def compile_main(args) -> int:

@@ -42,8 +42,8 @@ def setup(p):
                    help="the default pipeline of --after: v1 (cluster kernels; the default), "
                         "v2 (fused streamed kernels or the library path), or auto "
                         "(fusionc.compile's choice: v2 when every graph shown has its "
-                        "attention blocks in the form the attention units take, and MLA "
-                        "past v1's tested range)")
+                        "attention blocks in the form the attention units take; MLA "
+                        "graphs need v2 or auto: v1 has no MLA kernel)")
     p.add_argument("--max-batch", type=positive_int, default=8,
                    help="batch bucket of the v2 pipeline (default 8)")
     p.add_argument("--batch", type=positive_int, default=1,

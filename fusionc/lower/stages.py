@@ -1,26 +1,37 @@
 """Stage matchers of the cluster kernels (lowering v1): attention blocks (anchor
-``decode_attention``) and MLA blocks (anchor ``mla_decode_attention``,
-:mod:`fusionc.lower.match_mla`). See :mod:`fusionc.lower.match` for the stage descriptions.
-MLP blocks and other linears are design v2's (:mod:`fusionc.lower.match_v2`)."""
+``decode_attention``). See :mod:`fusionc.lower.match` for the stage descriptions. MLP blocks and
+other linears are design v2's (:mod:`fusionc.lower.match_v2`), and so are MLA blocks (anchor
+``mla_decode_attention``, :mod:`fusionc.lower.mla_v2`): lowering v1 names them
+(:func:`refuse_mla`)."""
 from __future__ import annotations
 
 from fusionc.errors import LoweringError
 from fusionc.ir.nodes import Graph, Op, Value
-from fusionc.lower.match_mla import match_mla
 from fusionc.lower.match import (AttentionStage, Dataflow, Norm, input_norm, projection,
                                  residual_tail)
 
 
 def find_stages(g: Graph) -> list:
-    """Every attention and MLA stage of ``g``, in program order."""
+    """Every attention stage of ``g``, in program order; LoweringError for an MLA attention
+    (:func:`refuse_mla`)."""
     df = Dataflow(g)
     out = []
     for op in g.body:
         if op.name == "decode_attention":
             out.append(match_attention(df, op))
         elif op.name == "mla_decode_attention":
-            out.append(match_mla(df, op))
+            raise refuse_mla(op)
     return out
+
+
+def refuse_mla(op: Op) -> LoweringError:
+    """The error of lowering v1 on an MLA attention ``op``: v1 has no MLA kernel (issue 27
+    deleted it), lowering v2's MLA units take the block."""
+    return LoweringError("lowering v1 has no MLA kernel", op=op.name, loc=op.loc,
+                         valid="lowering v2, whose MLA units take the block: fusionc.compile "
+                               "without lowering='v1', cluster or scheme (or lowering='v2'); "
+                               "--lowering auto or v2 without --cluster / --scheme on the "
+                               "command line")
 
 
 def _head_chain(df: Dataflow, v: Value, at: Op):

@@ -1,15 +1,16 @@
-"""Pass ``partition-cluster``: lower attention and MLA blocks of graph IR to cluster kernels
-(lowering v1).
+"""Pass ``partition-cluster``: lower attention blocks of graph IR to cluster kernels (lowering
+v1).
 
 Configurations are enumerated, lowered, and kept only if code generation can realize them
 (shared memory as actually laid out); the cost model picks the cheapest.
 
-Every attention block (found from its ``decode_attention``) and MLA block (from its
-``mla_decode_attention``) of each graph becomes one tile-IR ``kernel`` item (see
-:mod:`fusionc.lower`), and the block's ops in the graph are replaced by one ``launch`` whose
-results take the names of the block's outputs (the new hidden state, the updated KV caches).
-Ops outside any block stay in the graph: MLP blocks and other linears for ``partition-units``
-(design v2's streamed kernels, the rest of v1's pipeline), ``all_reduce`` for the host.
+Every attention block (found from its ``decode_attention``) of each graph becomes one tile-IR
+``kernel`` item (see :mod:`fusionc.lower`), and the block's ops in the graph are replaced by one
+``launch`` whose results take the names of the block's outputs (the new hidden state, the
+updated KV caches). Ops outside any block stay in the graph: MLP blocks and other linears for
+``partition-units`` (design v2's streamed kernels, the rest of v1's pipeline), ``all_reduce``
+for the host. An MLA block (``mla_decode_attention``) is a LoweringError: lowering v1 has no MLA
+kernel, lowering v2's MLA units take it (:func:`fusionc.lower.stages.refuse_mla`).
 
 Options:
     size: cluster size C (1, 2, 4, 8, 16); 0 lets the cost model choose per block.
@@ -17,16 +18,11 @@ Options:
         (see :mod:`fusionc.lower.attention`).
     batch, kv_len: the batch and KV length the cost model plans for.
     max_batch: largest batch the kernels are sized for (shared memory); a compile-time bucket.
-    group: heads per cluster of MLA blocks (see :mod:`fusionc.lower.mla`); 0 lets the cost
-        model choose.
-    grid: clusters of MLA blocks (at least heads / group; the extra ones join the attention);
-        0 lets the cost model choose between heads / group and every resident cluster.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusionc.cost.h200 import H200
 from fusionc.cost.model import kernel_cost
 from fusionc.codegen.generate import generate_cuda
 from fusionc.errors import CompileError, LoweringError, VerifyError
@@ -34,9 +30,6 @@ from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.verifier import verify_graph
 from fusionc.lower.attention import lower_attention
-from fusionc.lower.match import AttentionStage
-from fusionc.lower.match_mla import MLAStage
-from fusionc.lower.mla import lower_mla
 from fusionc.lower.stages import find_stages
 from fusionc.passes.base import Pass, register_pass
 
@@ -54,8 +47,6 @@ class PartitionCluster(Pass):
     batch: int = 1
     kv_len: int = 4096
     max_batch: int = 8
-    group: int = 0
-    grid: int = 0
 
     def run(self, module: Module) -> Module:
         if self.size not in (0,) + SIZES:
@@ -64,12 +55,9 @@ class PartitionCluster(Pass):
         if self.scheme not in ("auto", "splitk", "splitn"):
             raise LoweringError(f"scheme {self.scheme}", op=self.name,
                                 valid="auto, splitk or splitn")
-        if self.group not in (0,) + SIZES:
-            raise LoweringError(f"group = {self.group}", op=self.name,
-                                valid="0 (cost model) or 1, 2, 4, 8, 16 heads per cluster")
-        if self.grid < 0 or self.max_batch < 1:
-            raise LoweringError(f"grid = {self.grid}, max_batch = {self.max_batch}",
-                                op=self.name, valid="grid >= 0 (0: cost model), max_batch >= 1")
+        if self.max_batch < 1:
+            raise LoweringError(f"max_batch = {self.max_batch}", op=self.name,
+                                valid="max_batch >= 1")
         items: list[Graph] = []
         taken = set(module.names)   # kernel names must not clash with a graph's (@mlp_k0)
         for g in module.graphs:
@@ -120,54 +108,24 @@ class PartitionCluster(Pass):
                 smem = generate_cuda(k).smem_bytes  # what codegen really allocates
                 options.append((kernel_cost(k, self.batch, self.kv_len, smem=smem).est_s, k))
             except (LoweringError, VerifyError, CompileError) as e:
-                errors.append((_ctas(st, cfg), e))
-        if not options and not errors:
-            raise self.no_config(st)
-        if not options:
-            # MLA: the configuration with the most CTAs explains best (it has the most work
-            # units); otherwise the first one tried
-            e = max(errors, key=lambda x: x[0])[1] if isinstance(st, MLAStage) else errors[0][1]
+                errors.append(e)
+        if not options:   # configs() gives at least one
+            e = errors[0]   # the first configuration tried
             raise LoweringError(f"no configuration fits: {e.message}", op=e.op or self.name,
                                 loc=st.ops[0].loc, valid=e.valid or "a smaller max_batch")
         return min(options, key=lambda t: t[0])[1]
 
-    def no_config(self, st) -> LoweringError:
-        """Why ``st`` has no candidate configuration, suggesting only what was not tried."""
-        search = "" if self.size == 0 else ", or size=0 to search every cluster size"
-        return LoweringError("no cluster configuration divides this block's sizes",
-                             op=self.name, loc=st.ops[0].loc,
-                             valid="other sizes" + (search or " (every cluster size was tried)"))
-
     def configs(self, st):
-        """Candidate configurations of a stage: (cluster size, scheme) for attention, (cluster
-        size, heads per cluster, grid: the head groups or every resident cluster) for MLA."""
+        """Candidate configurations of an attention stage: (cluster size, scheme)."""
         sizes = SIZES if self.size == 0 else (self.size,)
-        if isinstance(st, AttentionStage):
-            schemes = ("splitk", "splitn") if self.scheme == "auto" else (self.scheme,)
-            return [(c, s) for c in sizes for s in schemes]
-        # MLA: (cluster size, heads per cluster, clusters)
-        groups = SIZES if self.group == 0 else (self.group,)
-        return [(c, g, grid) for c in sizes for g in groups if st.heads % g == 0
-                for grid in (sorted({st.heads // g, H200.resident_clusters.get(c, 0)})
-                             if self.grid == 0 else (self.grid,))
-                if self.grid or grid >= st.heads // g]
+        schemes = ("splitk", "splitn") if self.scheme == "auto" else (self.scheme,)
+        return [(c, s) for c in sizes for s in schemes]
 
-    def lower(self, st, name, size, *extra) -> Graph:
+    def lower(self, st, name, size, scheme) -> Graph:
         """The tile-IR kernel of ``st`` for one configuration (LoweringError if sizes do not
         divide).
         """
-        if isinstance(st, AttentionStage):
-            return lower_attention(st, name, size, *extra, self.max_batch)
-        group, grid = extra
-        return lower_mla(st, name, size, group, self.max_batch, grid)
-
-
-def _ctas(st, cfg) -> int:
-    """CTAs of an MLA configuration (cluster size, group, grid), else 0."""
-    if isinstance(st, MLAStage):
-        size, group, grid = cfg
-        return size * max(grid, st.heads // group)
-    return 0
+        return lower_attention(st, name, size, scheme, self.max_batch)
 
 
 def _used_only_inside(g: Graph, st) -> None:

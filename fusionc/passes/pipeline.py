@@ -28,8 +28,8 @@ def default_pipeline(cluster: int = 0, scheme: str = "auto", max_batch: int = 8,
                      kv_len: int | None = None) -> str:
     """Lowering v1's pipeline (``fusionc.compile`` with ``lowering="v1"``, ``cluster`` or
     ``scheme``): fuse the tensor-parallel collectives with their residual add and RMSNorm,
-    partition the attention and MLA blocks over clusters (``cluster`` 0: the cost model's
-    size), fuse launches, then design v2's streamed kernels for the linears left (MLP blocks:
+    partition the attention blocks over clusters (``cluster`` 0: the cost model's size; an MLA
+    block is refused by name: v1 has no MLA kernel), fuse launches, then design v2's streamed kernels for the linears left (MLP blocks:
     ``partition-units`` and the passes after it, :func:`fusionc.passes.stream.v2_pipeline`)."""
     plan = f"size={cluster},scheme={scheme}"
     if kv_len is not None:

@@ -15,7 +15,7 @@ NAME``:
     core (split, views, QK-norm, RoPE, KV append, decode attention:
     :func:`fusionc.lower.attention_v2.attention_cores`) becomes one ``attn_units`` kernel
     between the QKV and output projections. Launches of cluster kernels (lowering v1's
-    ``partition-cluster``: attention, MLA) stay as they are, so v1's pipeline ends with these
+    ``partition-cluster``: attention) stay as they are, so v1's pipeline ends with these
     passes for the linears it leaves. Multi-GPU collectives (``all_reduce``,
     ``all_reduce_add``, ``all_reduce_add_rms_norm``: tensor-parallel layers, after
     ``fuse-allreduce-norm``) stay in the graph between the kernels. Other ops are refused by

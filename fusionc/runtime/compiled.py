@@ -63,9 +63,10 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             elementwise ops around them, fused up to the batch bucket the fused kernels take
             unless the cost table measured the library path faster; the library path
             otherwise: :func:`fusionc.runtime.pipelines.v2_default_pipeline`); None: v2 unless
-            a v1 option is given or the graph holds an attention v2 does not take or MLA within
-            v1's tested range, else v1
-            (:func:`fusionc.runtime.pipelines.default_lowering`); ``"auto"`` is None.
+            a v1 option is given or the graph holds an attention v2 does not take, else v1
+            (:func:`fusionc.runtime.pipelines.default_lowering`); ``"auto"`` is None. MLA
+            blocks lower only on v2 (its MLA units): v1 raises a LoweringError naming the
+            ``mla_decode_attention``.
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:

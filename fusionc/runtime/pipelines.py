@@ -66,12 +66,14 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
                 return mixed_pipeline(rows)
             if top is None or rows > top:
                 from fusionc.errors import LoweringError
+                v1 = "" if any(op.name == "mla_decode_attention" for op in g.body) else \
+                    "; or lowering='v1'"   # v1 has no MLA kernel
                 raise LoweringError(f"an attention graph of {rows} rows (past the fused "
                                     f"bucket) whose {bad.name} the host cannot run",
                                     op=bad.name, loc=bad.loc,
                                     valid="linears, attention blocks and row-wise float ops "
                                           f"on [T, D] rows (the mixed path); at most {top} "
-                                          "rows for the fused kernels; or lowering='v1'")
+                                          "rows for the fused kernels" + v1)
         wide = path == "wide" and top == MAX_BATCH_MMA
         return path_pipeline(g, max_batch, "wide" if wide else "fused", None)
     if top is not None and (rows > top or path == "library") or \
@@ -99,52 +101,22 @@ def path_pipeline(g: Graph, max_batch: int, path: str, chain: bool | None) -> st
 def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
                      max_batch: int = 8) -> str:
     """``fusionc.compile``'s lowering when none is given: ``"v2"`` (streamed kernels, the
-    library path where measured faster; attention blocks as v2 linears around attention units)
-    unless a v1 option is set (``cluster``, ``scheme``: the cluster kernels' choices) or the
-    graph holds what v2 does not take by default yet: MLA where v1 takes it
-    (:func:`_mla_lowering`), or a decode op (rope, kv_cache_append, decode_attention) that
-    v2 would not lower at speed (:func:`_v2_decode`).
+    library path where measured faster; attention blocks as v2 linears around attention units;
+    MLA blocks on the MLA units, the only MLA lowering: v1's partition-cluster names an MLA
+    attention, :func:`fusionc.lower.stages.refuse_mla`) unless a v1 option is set
+    (``cluster``, ``scheme``: the cluster kernels' choices) or the graph holds a decode op
+    (rope, kv_cache_append, decode_attention) that v2 would not lower at speed
+    (:func:`_v2_decode`).
     v2 was faster than v1 at all 24 attention points measured (BENCHMARKS.md, issue 22)."""
     if cluster != 0 or scheme != "auto":
         return "v1"
     if any(op.name == "mla_decode_attention" for op in g.body):
-        return _mla_lowering(g, max_batch)
+        return "v2"   # where the units cannot take the graph, v2's passes name why
     if chunk_graph(g):   # a prompt chunk: the library path (v2's default for it)
         return "v2"
     if any(op.name in _DECODE_ONLY for op in g.body) and not _v2_decode(g, max_batch):
         return "v1"
     return "v2"
-
-
-def _mla_lowering(g: Graph, max_batch: int) -> str:
-    """An MLA graph's default: v1's five-phase kernel where it was tested on the GPU (at most
-    16 heads and 16 rows, f32 8 rows: from 16 f32 rows its grid barrier finds no
-    configuration), else v2's MLA units where they take the
-    graph (their GPU tests are still to run: DESIGN §7.8 makes v2 the default once they pass),
-    else v1 (which names what it refuses)."""
-    from fusionc.ir.types import DType
-    from fusionc.lower import mla_v2
-    from fusionc.lower.mla import V1_F32_ROWS, V1_MAX_HEADS, V1_TESTED_ROWS
-    mla = [op for op in g.body if op.name == "mla_decode_attention"]
-    heads = max(op.operands[0].type.shape[1] for op in mla)
-    v2 = mla_v2.covers(first_passes(g))
-    if v2 and not _v1_takes(g):   # e.g. a compressed query (q_lora): v1 has no such stage
-        return "v2"
-    f32 = any(op.operands[0].type.dtype == DType.f32 for op in mla)
-    if heads <= V1_MAX_HEADS and _rows(g, max_batch) <= (V1_F32_ROWS if f32 else V1_TESTED_ROWS):
-        return "v1"
-    return "v2" if v2 else "v1"
-
-
-def _v1_takes(g: Graph) -> bool:
-    """Whether lowering v1's stage matcher takes every MLA block of ``g``."""
-    from fusionc.errors import LoweringError
-    from fusionc.lower.stages import find_stages
-    try:
-        find_stages(g)
-    except LoweringError:
-        return False
-    return True
 
 
 def _v2_decode(g: Graph, max_batch: int) -> bool:

@@ -14,7 +14,15 @@ def test_two_layers_and_the_issue_sweep_sharded_in_order():
     assert sorted(sum(shards, [])) == sorted(every) and shards[1][0] == every[1]
     some = mla.points(mla.parse(["--layer", "V3", "--batch", "1", "--kv", "1024,4096"]))
     assert some == [("V3", 1, 1024), ("V3", 1, 4096)]
-    assert mla.parse([]).lowering == "v2"
+    assert not hasattr(mla.parse([]), "lowering")   # v2 is MLA's only lowering
+
+
+def test_both_layers_lower_on_the_mla_units():
+    from fusionc.lower import mla_v2
+    from fusionc.runtime.pipelines import default_lowering, first_passes
+    for m in mla.LAYERS.values():
+        g = mla.build(m, 1024)["attention"]
+        assert default_lowering(g, max_batch=1) == "v2" and mla_v2.covers(first_passes(g))
 
 
 def test_the_floor_is_bytes_at_one_row_and_flops_with_128_heads_at_many():

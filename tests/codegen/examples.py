@@ -12,11 +12,15 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
 @functools.lru_cache(maxsize=None)
 def fused_module(example: str):
-    """The module of ``examples/<example>.py`` after the default pipeline."""
+    """The module of ``examples/<example>.py`` after the default pipeline (lowering v1's), or
+    for an MLA example lowering v2's default (MLA's only lowering: v1 has no MLA kernel)."""
     from fusionc.dsl.loader import load_file
     from fusionc.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
-    return run_pipeline(load_file(str(EXAMPLES / f"{example}.py")),
-                        parse_pipeline(DEFAULT_PIPELINE))
+    from fusionc.runtime.pipelines import v2_default_pipeline
+    m = load_file(str(EXAMPLES / f"{example}.py"))
+    mla = [g for g in m.graphs if any(op.name == "mla_decode_attention" for op in g.body)]
+    pipeline = v2_default_pipeline(mla[0], 8) if mla else DEFAULT_PIPELINE
+    return run_pipeline(m, parse_pipeline(pipeline))
 
 
 def example_kernels(example: str) -> list[str]:

@@ -241,3 +241,32 @@ def test_ir_after_a_fused_pass_names_the_ops_no_kernel_takes(capsys, tmp_path):
     code, _, err = run_cli(capsys, "ir", str(src), "--lowering", "v2", "--after", "smem-plan")
     assert code == 1 and "no fused kernel takes embedding at" in err, err
     assert "fused bucket" not in err, err
+
+
+DEEPSEEK = str(EXAMPLES / "deepseek_v2_lite.py")
+MLA_SMALL = ["-D", "hidden=64", "-D", "heads=4", "-D", "qk_nope=16", "-D", "qk_rope=16",
+             "-D", "v_head=16", "-D", "kv_lora=64", "-D", "max_seq=64"]
+
+
+@pytest.mark.parametrize("command, flags", [
+    ("compile", ["--lowering", "v1"]), ("compile", ["--cluster", 4]),
+    ("compile", ["--scheme", "splitk"]), ("run", ["--lowering", "v1"]),
+    ("run", ["--cluster", 2]), ("ir", ["--after", "partition-cluster"])])
+def test_mla_on_lowering_v1_is_named(capsys, tmp_path, command, flags):
+    """v1 has no MLA kernel (issue 27): one line naming the op at its DSL line, saying to use
+    lowering v2, before any GPU is needed."""
+    out = ["-o", tmp_path] if command == "compile" else []
+    code, _, err = run_cli(capsys, command, DEEPSEEK, *MLA_SMALL, *flags, *out)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "deepseek_v2_lite.py:" in err and \
+        "lowering error: 'mla_decode_attention': lowering v1 has no MLA kernel" in err, err
+    assert "--lowering auto or v2" in err, err
+
+
+def test_mla_compiles_on_lowering_v2_by_default(capsys, tmp_path, tmp_cache):
+    code, out, err = run_cli(capsys, "compile", DEEPSEEK, *MLA_SMALL, "--max-batch", 2,
+                             "-o", tmp_path)
+    assert code == 0 and "cache.1 0.0e+00 ok" in out, (out, err)
+    stages = sorted(p.name for p in tmp_path.glob("attention.*.fir"))
+    assert "attention.1-fold-views.fir" in stages, stages
+    assert any("mla_units(" in (tmp_path / s).read_text() for s in stages), stages

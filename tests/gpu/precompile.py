@@ -17,7 +17,7 @@ from tests.gpu import (common, test_attention_gpu, test_attention_v2_edges_gpu,
                        test_examples_gpu, test_gemv_gpu, test_graph_ops_gpu, test_graphs_v2_gpu,
                        test_grid_gpu,
                        test_linear_v2_gpu,
-                       test_mla_gpu, test_mla_v2_gpu,
+                       test_mla_v2_gpu,
                        test_models_gpu, test_prefill_gpu, test_step_ends_gpu,
                        test_zz_negative_control_gpu)
 
@@ -34,7 +34,6 @@ def main() -> int:
     t0 = time.time()
     compiled_cases.precompile()  # fusionc.compile of every end-to-end case (through the cache)
     test_models_gpu.precompile()
-    test_mla_gpu.precompile()
     test_mla_v2_gpu.precompile()
     test_linear_v2_gpu.precompile()
     test_graphs_v2_gpu.precompile()

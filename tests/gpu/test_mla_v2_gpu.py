@@ -4,27 +4,35 @@
 (tests/reference/mla.py): rows of different lengths (a full one, an empty one from batch 4),
 NaN past every row's length, the outputs checked for NaN, the appended row checked and every
 other cache row untouched; past the fused bucket the mixed path (GEMMs around the units); and
-CUDA-graph replays leaving the counters at zero."""
+CUDA-graph replays leaving the counters at zero; and against transformers' DeepseekV2Attention
+where installed (tests/reference/hf_mla.py). v2 is MLA's only lowering: v1's five-phase kernel
+is deleted, and the cases of its tests/gpu/test_mla_gpu.py are here (all but f32, which the
+tensor-core units refuse by name, and a forced cluster size, a v1 option)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.gpu.common import record, rel
-from tests.gpu.test_mla_gpu import SIZES, check_rows, inputs
+from tests.reference.mla import mla_step
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SIZES = dict(heads=16, nope=128, rope=64, latent=512, eps=1e-6, theta=10000.0)
 # (batch, KV, heads, dtype)
-CASES = [(1, 1024, 16, "bf16"), (4, 4096, 16, "bf16"), (16, 1024, 16, "bf16"),
-         (64, 4096, 16, "bf16"), (3, 1024, 16, "f16"), (1, 16384, 16, "bf16"),
-         (2, 1024, 128, "bf16"), (16, 4096, 128, "bf16"), (200, 1024, 16, "bf16"),
-         (4, 4096, 16, "f32"), (2, 1024, 128, "f32"), (2, 4096, 128, "bf16", 1536)]
+CASES = [(1, 1024, 16, "bf16"), (4, 1024, 16, "bf16"), (4, 4096, 16, "bf16"),
+         (16, 1024, 16, "bf16"), (16, 4096, 16, "bf16"), (64, 4096, 16, "bf16"),
+         (3, 1024, 16, "f16"), (1, 16384, 16, "bf16"), (2, 1024, 128, "bf16"),
+         (16, 4096, 128, "bf16"), (200, 1024, 16, "bf16"), (4, 4096, 16, "f32"),
+         (2, 1024, 128, "f32"), (2, 4096, 128, "bf16", 1536)]
 CASES = [c + (0,) * (5 - len(c)) for c in CASES]   # the last field: q_lora (DeepSeek-V3)
+HF_CASE = ([100, 37, 1], 128)   # the transformers comparison: lengths, max_seq
 TOL = {"f16": 1e-2, "bf16": 1e-2, "f32": 1e-4}   # 16-bit operands, fp32 (FMA) throughout
 
 
 def build(max_seq, dtype, heads, q_lora=0):
     import sys
-    from tests.gpu.test_mla_gpu import EXAMPLES
     sys.path.insert(0, str(EXAMPLES))
     import deepseek_v2_lite
     return deepseek_v2_lite.build(max_seq=max_seq, dtype=dtype, heads=heads,
@@ -38,8 +46,41 @@ def compiled(batch, max_seq, heads, dtype, q_lora=0):
 
 
 def precompile():
-    for case in CASES:
+    lens, max_seq = HF_CASE
+    for case in CASES + [(len(lens), max_seq, 16, "bf16")]:
         compiled(*case)
+
+
+def inputs(g, batch, kv, rng):
+    """tests.passes.graphs.inputs (NaN past every row's length) with rows of different lengths
+    (the first full, an empty one from batch 4), rounded to the model dtype."""
+    from fusionc.interp.numerics import round_to
+    from tests.passes.graphs import inputs as graph_inputs
+    lens = [kv] + [int(n) for n in rng.integers(1, kv + 1, batch - 1)]
+    if batch >= 4:
+        lens[1] = 0   # an empty row: zeros from the attention, never NaN
+    dt = g.params[0].type.dtype
+    out = graph_inputs(g, batch, lens, rng)
+    return {k: (round_to(v, dt).astype(np.float64) if v.dtype != np.int32 else v)
+            for k, v in out.items()}, lens
+
+
+def check_rows(out, cache, a, lens, sizes) -> tuple[float, float]:
+    """(the worst relative error of the block's rows, of the appended cache rows) against
+    mla_step at ``sizes``; every output finite, every other cache row untouched."""
+    w = {k: v for k, v in a.items() if k.startswith("w") or "norm" in k}
+    errs, row_errs = [], []
+    for b in range(len(lens)):
+        want, new = mla_step(w, a["x"][b], a["cache"][b], int(a["positions"][b]), lens[b],
+                             **sizes)
+        assert np.all(np.isfinite(out[b])), b
+        errs.append(rel(out[b], want))
+        p = int(a["positions"][b])
+        row_errs.append(rel(cache[b, p], new))
+        keep = np.ones(cache.shape[1], bool)
+        keep[p] = False
+        assert np.array_equal(cache[b, keep], a["cache"][b, keep], equal_nan=True), b
+    return max(errs), max(row_errs)
 
 
 def _check(fn, g, a, lens, heads):
@@ -86,3 +127,22 @@ def test_mla_v2_replayed_in_a_cuda_graph_gives_the_same_result():
         stream.synchronize()
     again = download(graph_out[0], g.outputs[0].type.dtype)
     assert np.array_equal(first, again)
+
+
+@pytest.mark.gpu
+def test_mla_v2_matches_transformers():
+    """The MLA block at DeepSeek-V2-Lite's sizes against HF's DeepseekV2Attention (float64,
+    whole sequences with a causal mask; tests/reference/hf_mla.py)."""
+    pytest.importorskip("transformers.models.deepseek_v2")
+    from fusionc.runtime.transfer import download, upload
+    from tests.reference.hf_mla import mla_case
+    lens, max_seq = HF_CASE
+    inputs, ref = mla_case(hidden=2048, heads=16, nope=128, rope=64, v_head=128, latent=512,
+                           lens=lens, max_seq=max_seq)
+    fn = compiled(len(lens), max_seq, 16, "bf16")
+    g = build(max_seq, "bf16", 16)["attention"]
+    dev = {p.name: upload(inputs[p.name], p.type.dtype) for p in g.params}
+    out = download(fn(**dev)[0], g.outputs[0].type.dtype).astype(np.float64)
+    err = rel(out, ref)
+    assert np.all(np.isfinite(out)) and err <= TOL["bf16"], err
+    record("mla v2", "DeepSeek-V2-Lite bf16 vs transformers DeepseekV2Attention", f"{err:.1e}")

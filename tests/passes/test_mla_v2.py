@@ -133,19 +133,33 @@ def test_past_the_bucket_the_mixed_path_runs_gemms_around_the_units():
         assert rel_err(a, r) <= TOL["bf16"]
 
 
-def test_mla_stays_on_v1_by_default_where_v1_was_tested():
+def test_mla_takes_v2_by_default():
+    """v2 is MLA's only lowering: the default at every size (v1's five-phase kernel, once the
+    default up to 16 heads and 16 rows, is deleted); only v1's options pick v1, which names the
+    MLA attention (below)."""
     g = block().graphs[0]
-    assert default_lowering(g) == "v1"            # 3 heads, 8 rows: v1's tested range
-    assert default_lowering(g, max_batch=64) == "v2"   # no v1 configuration at 64 rows
-    assert default_lowering(block(heads=128).graphs[0]) == "v2"   # v1 takes 16 heads at most
+    assert default_lowering(g) == "v2"            # 3 heads, 8 rows
+    assert default_lowering(g, max_batch=64) == "v2"
+    assert default_lowering(block(heads=128).graphs[0]) == "v2"
     assert default_lowering(block("f32", heads=128).graphs[0]) == "v2"   # fp32 by FMA
-    assert default_lowering(block("f32").graphs[0], max_batch=8) == "v1"   # v1 took f32 first
-    # from 16 f32 rows v1's grid barrier finds no configuration (a new user found it): v2
-    assert default_lowering(block("f32").graphs[0], max_batch=16) == "v2"
-    import fusionc as fc
-    fc.compile(deepseek.build(dtype="f32", max_seq=256), max_batch=16)   # no lowering error
+    assert default_lowering(g, cluster=4) == "v1" and default_lowering(g, scheme="splitk") == "v1"
     pipe = v2_default_pipeline(g, 8)   # the fused kernels (wide tiles where measured faster)
     assert "partition-units" in pipe and "lower-library" not in pipe
+
+
+@pytest.mark.parametrize("options", [dict(lowering="v1"), dict(cluster=4),
+                                     dict(scheme="splitk"), dict(lowering="v1", max_batch=64)])
+def test_lowering_v1_on_mla_is_a_named_error(options):
+    """v1 has no MLA kernel: fusionc.compile with lowering v1 (or its options) names the
+    mla_decode_attention at its DSL line and says to use lowering v2."""
+    with pytest.raises(LoweringError) as e:
+        fc.compile(block(), **{"max_batch": 2, **options})
+    assert e.value.op == "mla_decode_attention" and e.value.loc is not None
+    assert e.value.loc.file.endswith("deepseek_v2_lite.py")
+    assert e.value.message == "lowering v1 has no MLA kernel"
+    assert "lowering v2" in e.value.valid and "lowering='v1'" in e.value.valid
+    with pytest.raises(LoweringError, match="lowering v1 has no MLA kernel"):
+        run_pipeline(block(), "partition-cluster{size=2}")
 
 
 def test_v2_refuses_odd_latent_sizes_and_other_dtypes_by_name():
@@ -156,6 +170,18 @@ def test_v2_refuses_odd_latent_sizes_and_other_dtypes_by_name():
     with pytest.raises(LoweringError) as e:
         run_pipeline(block(kv_lora=96), v2_pipeline(4))
     assert "latent dim 96" in str(e.value)
+
+
+def test_random_inputs_fill_latent_caches_to_different_lengths():
+    from fusionc.commands.compile import random_inputs
+    g = block(hidden=64, heads=2, qk_nope=16, qk_rope=16, v_head=16, kv_lora=32,
+              max_seq=8)["attention"]
+    a = random_inputs(g, 4, np.random.default_rng(1))
+    lens = a["seq_lens"]
+    assert lens[0] == 8 and len(set(lens.tolist())) > 1
+    assert np.array_equal(a["positions"], lens - 1)
+    for b, n in enumerate(lens):
+        assert np.isnan(a["cache"][b, n:]).all() and not np.isnan(a["cache"][b, :n]).any()
 
 
 def test_an_unmatched_mla_attention_is_named():

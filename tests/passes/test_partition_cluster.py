@@ -209,6 +209,8 @@ def test_cost_model_chooses_a_configuration():
     [
         ("partition-cluster{size=3}", "cluster size 3"),
         ("partition-cluster{scheme=diag}", "scheme diag"),
+        ("partition-cluster{max_batch=0}", "max_batch = 0"),
+        ("partition-cluster{group=2}", "has no option 'group'"),   # MLA's, deleted with v1's MLA
         ("partition-cluster{size=x}", "option size=x"),
         ("partition-cluster{colour=1}", "has no option 'colour'"),
         ("partition-clusters", "unknown pass 'partition-clusters'"),
