@@ -7,6 +7,7 @@
 #   tar czf .fcache.tgz .fcache
 # then:  bash scripts/pending_session.sh tests [MODULE...]   (default: the pending modules)
 #        bash scripts/pending_session.sh mla|prefill|decode [the benchmark's args...]
+#        bash scripts/pending_session.sh timeline mla [the benchmark's args...]   (per kernel)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 what=${1:-tests}; shift || true
@@ -24,4 +25,7 @@ case $what in
   mla|prefill|decode)
     OUT="$out" python3 "benchmarks/$what.py" "$@" > "$out/bench_$what.log" 2>&1
     echo "$what rc=$?"; grep -E "^\|" "$out/bench_$what.log" | tail -40 ;;
+  timeline)
+    python3 benchmarks/timeline.py "$@" > "$out/timeline.log" 2>&1
+    echo "timeline rc=$?"; grep -vE "^(fusionc|Warning|  warn)" "$out/timeline.log" | tail -60 ;;
 esac

@@ -142,8 +142,10 @@ def test_default_lowering_takes_v2_for_the_blocks_it_covers():
     assert default_lowering(block(qk_norm=True).graphs[0]) == "v2"
     assert default_lowering(g, max_batch=256) == "v2"      # past the bucket: the mixed path
     assert default_lowering(g, cluster=4) == "v1"
-    assert default_lowering(block("f32").graphs[0]) == "v1"   # no f32 tensor cores
-    assert default_lowering(block(heads=34, kv_heads=2, hidden=64).graphs[0]) == "v1"  # G 17
+    assert default_lowering(block("f32").graphs[0]) == "v2"   # FMA units (GPU-tested)
+    assert default_lowering(block(heads=34, kv_heads=2, hidden=64).graphs[0]) == "v2"  # G 17
+    assert default_lowering(block(head_dim=160, heads=4, kv_heads=2).graphs[0]) == "v1"  # spills
+    assert default_lowering(block("f32", head_dim=96).graphs[0]) == "v1"   # FMA spills
     mla = example("deepseek_v2_lite")   # MLA's only lowering: v1 has no MLA kernel
     assert all(default_lowering(x) == "v2" for x in mla.graphs
                if any(op.name == "mla_decode_attention" for op in x.body))
@@ -156,8 +158,7 @@ def test_attention_only_graph_without_o_projection_stays_on_v1():
 
 
 def test_units_refuse_f32_past_head_dim_128_by_name():
-    """f32 runs by FMA on four warps up to head_dim 80 and at 128 (its default stays v1 until
-    it has run on a GPU)."""
+    """f32 runs by FMA on four warps up to head_dim 80 and at 128 (its default is v2 there)."""
     import fusionc as fc
     from fusionc.runtime.pipelines import default_lowering
     for d in (96, 112, 256):   # ptxas spills the fp32 accumulators there
@@ -165,7 +166,8 @@ def test_units_refuse_f32_past_head_dim_128_by_name():
             fc.compile(block("f32", head_dim=d, heads=4, kv_heads=2), max_batch=2,
                        lowering="v2")
         assert e.value.op == "attn_units"
-    assert default_lowering(block("f32").graphs[0], max_batch=2) == "v1"
+    assert default_lowering(block("f32").graphs[0], max_batch=2) == "v2"
+    assert default_lowering(block("f32", head_dim=96).graphs[0], max_batch=2) == "v1"
 
 
 @pytest.mark.parametrize("dtype,kw", [("f16", dict(head_dim=128, heads=32, kv_heads=8)),
