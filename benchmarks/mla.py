@@ -5,7 +5,7 @@ hidden 7168, the query compressed through q_lora 1536) — fusionc vs PyTorch
 eager and torch.compile, each in a CUDA graph, vs the floor (DESIGN §7: bytes over the copy
 bandwidth or FLOPs over 790 TFLOP/s, whichever is larger). Run on the GPU machine:
 
-    python3 benchmarks/mla.py [--layer V2-Lite|V3] [--batch 1,16] [--kv 1024,4096]
+    python3 benchmarks/mla.py [--layer V2-Lite|V3] [--batch 1,16] [--kv 1024,4096] [--alt chain]
                               [--shard i/n] [--no-torch-compile] [--compile-mode default]
     python3 benchmarks/mla.py --compile-only [--shard i/n]   # fill the cubin cache, no GPU
 
@@ -31,7 +31,7 @@ LAYERS = {"V2-Lite": dict(hidden=2048, heads=16, nope=128, rope=64, v_head=128, 
 BATCHES, KVS = (1, 16, 64, 256), (1024, 4096, 16384)
 PEAK_FLOPS = 790e12   # a large bf16 matmul through PyTorch on our H200 (DESIGN §7)
 COLS = ["layer", "batch", "kv", "fusionc_us", "config", "eager_us", "compile_us", "floor_us",
-        "bound", "eff_%", "vs_compile", "vs_eager", "err"]
+        "bound", "eff_%", "vs_compile", "vs_eager", "err", "alt_us", "alt_err"]
 
 
 def weight_elems(m: dict) -> int:
@@ -79,11 +79,19 @@ def build(m: dict, kv: int):
                                   max_seq=kv, q_lora=m["q_lora"])
 
 
-def fusionc_mla(m: dict, batch: int, kv: int):
-    """fusionc.compile of the example's graph at these sizes (None where it cannot)."""
+def fusionc_mla(m: dict, batch: int, kv: int, chain: bool | None = None):
+    """fusionc.compile of the example's graph at these sizes (None where it cannot); ``chain``
+    True / False: the linears after the MLA units (W_UV, w_o) as phases of one kernel or one
+    kernel each (default: the pipeline's choice, chained above 8 rows)."""
     import fusionc
+    pipeline = None
+    if chain is not None:
+        from fusionc.lower.linear_v2 import WIDE_ROWS
+        from fusionc.passes.stream import v2_pipeline
+        pipeline = v2_pipeline(batch, chain=chain, rows=WIDE_ROWS)
     try:
-        return fusionc.compile(build(m, kv), max_batch=batch, kv_len=kv, lowering="v2")
+        return fusionc.compile(build(m, kv), max_batch=batch, kv_len=kv, lowering="v2",
+                               pipeline=pipeline)
     except fusionc.errors.FusionError as e:
         print("fusionc cannot compile this point:", e)
         return None
@@ -122,10 +130,11 @@ def run_point(layer: str, batch: int, kv: int, bw: float, args) -> dict:
     compiled = None if args.no_torch_compile else \
         common.fresh_compile(eager, args.compile_mode)
     fn = fusionc_mla(m, batch, kv)
+    alt = fusionc_mla(m, batch, kv, chain=args.alt == "chain") if args.alt else None
     fl, bound = floor_us(m, batch, kv, bw)
     row = dict(layer=layer, batch=batch, kv=kv, floor_us=fl, bound=bound,
                config=fn.report().split(":")[1].split(",")[0].strip() if fn else "-")
-    return common.measure(row, sets, eager, compiled, fn)
+    return common.measure(row, sets, eager, compiled, fn, alt)
 
 
 def parse(argv=None):
@@ -141,6 +150,9 @@ def parse(argv=None):
     ap.add_argument("--compile-only", action="store_true",
                     help="only compile fusionc's kernels into the cubin cache (no GPU needed)")
     ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--alt", choices=("chain", "unchain"),
+                    help="also time fusionc with W_UV and w_o chained in one kernel, or one "
+                         "kernel each (columns alt_us, alt_err)")
     ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
                     help="torch.compile's mode (default: %(default)s; 'default' compiles faster)")
     return ap.parse_args(argv)
@@ -152,6 +164,8 @@ def main() -> int:
     if args.compile_only:
         for layer, b, k in todo:
             fn = fusionc_mla(LAYERS[layer], b, k)
+            if args.alt:
+                fusionc_mla(LAYERS[layer], b, k, chain=args.alt == "chain")
             print(layer, b, k, fn.report().split(",")[0] if fn else "-", flush=True)
         return 0
     import torch

@@ -2,9 +2,10 @@
 
 The device machines have no Nsight Systems; PyTorch's profiler (CUPTI) records every kernel of
 the process, also those fusionc launches through the driver and those inside a graph replay.
-This prints, for the median replay, each kernel's start offset from the replay's first kernel,
-its duration and the gap before it, then the replay's span and the sum of the gaps — where a
-block's time goes when it is far above its floor (issue 27: a fixed cost per kernel?).
+This prints, for the median replay, each kernel's duration and its start and end offsets from
+its call's first kernel (medians over the calls), then the replay's span. Under programmatic
+dependent launch a kernel starts before its predecessor ends, so durations overlap; the end
+minus the previous kernel's end is each kernel's share of the critical path.
 
     python3 benchmarks/timeline.py mla --layer V2-Lite --batch 1 --kv 1024 [--reps 20]
 
@@ -24,13 +25,17 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
 
 
 def mla_case(argv: list[str]):
-    """(label, fusionc callable, buffer sets) of every point ``benchmarks/mla.py argv`` names."""
+    """(label, fusionc callable, buffer sets) of every point ``benchmarks/mla.py argv`` names
+    (and of its ``--alt`` build)."""
     from benchmarks import common, mla
     args = mla.parse(argv)
     for layer, b, k in mla.points(args):
         m = mla.LAYERS[layer]
         sets = [mla.make_set(m, b, k) for _ in range(common.sets_needed(mla.floor_bytes(m, b, k)))]
         yield f"{layer} b{b} kv{k}", mla.fusionc_mla(m, b, k), sets
+        if args.alt:
+            yield f"{layer} b{b} kv{k} --alt {args.alt}", \
+                mla.fusionc_mla(m, b, k, chain=args.alt == "chain"), sets
 
 
 CASES = {"mla": mla_case}
@@ -101,11 +106,17 @@ def main(argv=None) -> int:
               f"({span / n:.1f} µs per call), gaps {sum(g for *_, g, _ in tl) / n:.1f} µs "
               f"per call, kernels {sum(d for _, d, *_ in tl) / n:.1f} µs per call")
         per_call = len(tl) // n
-        print("| kernel | median µs | gap before µs |\n|---|---|---|")
+        print("| kernel | median µs | start µs | end µs | end − previous end µs |\n"
+              "|---|---|---|---|---|")
+        prev = 0.0
         for j in range(per_call):
-            col = tl[j::per_call]
+            col = [tl[i * per_call + j] for i in range(n)]
+            call0 = [tl[i * per_call][0] for i in range(n)]   # each call's first start
+            start = statistics.median(c[0] - t for c, t in zip(col, call0))
+            end = statistics.median(c[0] + c[1] - t for c, t in zip(col, call0))
             print(f"| {col[0][3]} | {statistics.median(c[1] for c in col):.2f} | "
-                  f"{statistics.median(c[2] for c in col):.2f} |")
+                  f"{start:.2f} | {end:.2f} | {end - prev:.2f} |")
+            prev = end
     return 0
 
 

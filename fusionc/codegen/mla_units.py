@@ -20,7 +20,7 @@ from fusionc.ir.nodes import Graph, Op
 from fusionc.ir.types import DType
 from fusionc.ir.ops.tile_attn_units import MAX_SPLITS, UNIT_OVERHEAD, WAVES
 from fusionc.ir.ops.tile_mla_units import (MERGE_GROUP, block_heads, head_blocks, merge_groups,
-                                          slots, unsupported)
+                                          mla_merge_loads, slots, unsupported)
 from fusionc.ir.printer import print_graph
 
 TOK = 32          # cache rows per ring stage (two 16-token k-steps of P·V)
@@ -96,7 +96,7 @@ def generate_mla_units(kernel: Graph, options=None) -> KernelSource:
         H=geo["H"], HB=geo["HB"], NB=geo["NB"], L=geo["L"], R=geo["R"], S=geo["S"],
         nope=op.attr("nope"), tile=op.attr("tile"), tok=TOK, grid=op.attr("grid"),
         threads=threads, max_batch=mb, max_splits=MAX_SPLITS, merge_group=MERGE_GROUP,
-        wmax=WAVES, c0=UNIT_OVERHEAD,
+        wmax=WAVES, c0=UNIT_OVERHEAD, merge_loads=mla_merge_loads(mb),
         kparts=geo["kparts"], fma=op.operands[0].type.dtype == DType.f32,
         CW=geo["L"] // (threads // 32 // (geo["HB"] // 16)),
         scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),

@@ -235,3 +235,16 @@ def test_many_chunks_merge_in_two_levels():
     args = inputs(m.graphs[0], 2, [2500, 7], np.random.default_rng(8))
     for a, r in zip(simulate(run_pipeline(m, v2_pipeline(2)), args), interpret(m, args)):
         assert rel_err(a, r) <= TOL["bf16"]
+
+
+def test_mla_units_take_64_token_chunks_up_to_8_rows_and_128_above():
+    """The split plan's granularity follows the batch bucket (tile_mla_units.mla_tile: 64-token
+    chunks measured faster at one row, slower at 16)."""
+    from fusionc.ir.ops.tile_mla_units import mla_tile
+    from fusionc.passes import parse_pipeline
+    assert (mla_tile(1), mla_tile(8), mla_tile(16)) == (64, 64, 128)
+    for mb, tile in ((1, 64), (16, 128)):
+        out = run_pipeline(block(), parse_pipeline(v2_pipeline(mb)))
+        units = [op for g in out.graphs if g.kind == "kernel" for op in g.body
+                 if op.name == "mla_units"]
+        assert units and all(op.attr("tile") == tile for op in units)

@@ -50,6 +50,28 @@ from fusionc.ir.registry import (FLOAT, FLOATS, POS_INT, Cost, OpDef, attr, enum
                                  register)
 from fusionc.ir.types import DType
 
+# The split plan's granularity for MLA (attention units: TILE = 128), by batch bucket. A unit
+# streams its chunk in steps of 32 tokens with four barriers each, latency-bound at few rows: at
+# batch 1, KV 1K, 128-token chunks made 8 units of 4 steps on 8 of 132 SMs (one SM busy 26 of
+# the kernel's 31 us; ncu, H100, 2026-12-07). Batch 1, KV 1K / 4K / 16K, one call: 64-token
+# chunks 53.2 / 55.2 / 68.1 us (50.7 / 52.8 / 66.7 with mla_merge_loads 2), against 51.1 / 60.6 /
+# 68.5 for 128 in an earlier call. At 16 rows 128 stays (the units are many there; 64 was not
+# measured better). BENCHMARKS.md, eighth session.
+MLA_TILE, MLA_TILE_ROWS = 64, 8
+
+
+def mla_tile(max_batch: int) -> int:
+    """The ``tile`` attribute of an ``mla_units`` op of batch bucket ``max_batch``."""
+    return MLA_TILE if max_batch <= MLA_TILE_ROWS else TILE
+
+
+def mla_merge_loads(max_batch: int) -> int:
+    """float4 loads of each slot one thread of the template's merge keeps in flight per pass:
+    2 up to ``MLA_TILE_ROWS`` rows (one merge at a time, latency-bound: batch 1 KV 1K / 4K
+    50.7 / 52.8 us against 53.1 / 54.8 with 1), 1 above (many merges share L2: batch 16 KV 16K
+    184.0 us against 189.7 with 2; H100, 2026-12-07). The order of the sums is the same."""
+    return 2 if max_batch <= MLA_TILE_ROWS else 1
+
 MAX_HEADS = 128   # DeepSeek-V3; more would only need more head blocks
 MERGE_GROUP = 8   # chunks one merger reads at either level (MAX_SPLITS = 64 is 8 groups of 8)
 
@@ -231,5 +253,6 @@ register(OpDef(
      attr("style", enum("neox", "gptj"), "gptj"), attr("rotary_dim", POS_INT),
      attr("scaling", FLOATS, ()), attr("eps", FLOAT, 1e-6, doc="the latent RMSNorm's epsilon"),
      attr("nope", POS_INT, doc="query dims per head before its RoPE dims"),
-     attr("tile", POS_INT, TILE, doc="tokens per chunk step")),
+     attr("tile", POS_INT, TILE, doc="the split plan's token granularity: chunk lengths are "
+          "multiples of it (mla_tile)")),
     _infer, where=K, simulate=_simulate, verify=verify_units, cost=_cost))
