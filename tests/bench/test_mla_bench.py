@@ -33,3 +33,16 @@ def test_the_floor_is_bytes_at_one_row_and_flops_with_128_heads_at_many():
     assert bound == "flops" and abs(t - mla.flops(v3, 256, 16384) / 790e12 * 1e6) < 1e-6
     # the cache rows dominate V2-Lite at batch 16 and KV 16K: 16 · 16384 · 576 · 2 bytes
     assert mla.floor_bytes(v2, 16, 16384) - mla.floor_bytes(v2, 16, 0) == 16 * 16384 * 576 * 2
+
+
+def test_alt_builds_w_uv_and_w_o_chained_or_one_kernel_each():
+    """``--alt chain`` at one row puts W_UV and w_o in one kernel (four kernels, not five)."""
+    from fusionc.lower.linear_v2 import WIDE_ROWS
+    from fusionc.passes import parse_pipeline, run_pipeline
+    from fusionc.passes.stream import v2_pipeline
+    assert mla.parse(["--alt", "chain"]).alt == "chain" and mla.parse([]).alt is None
+    g = mla.build(mla.LAYERS["V2-Lite"], 1024)
+    kernels = {chain: [k for k in run_pipeline(g, parse_pipeline(
+        v2_pipeline(1, chain=chain, rows=WIDE_ROWS))).graphs if k.kind == "kernel"]
+        for chain in (False, True)}
+    assert (len(kernels[False]), len(kernels[True])) == (5, 4)
