@@ -152,7 +152,8 @@ def parse(argv=None):
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--alt", choices=("chain", "unchain"),
                     help="also time fusionc with W_UV and w_o chained in one kernel, or one "
-                         "kernel each (columns alt_us, alt_err)")
+                         "kernel each, on fused kernels of 128-row tiles (the default's path up "
+                         "to 32 rows; above, the default takes the mixed path): alt_us, alt_err")
     ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
                     help="torch.compile's mode (default: %(default)s; 'default' compiles faster)")
     return ap.parse_args(argv)

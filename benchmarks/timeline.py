@@ -2,10 +2,10 @@
 
 The device machines have no Nsight Systems; PyTorch's profiler (CUPTI) records every kernel of
 the process, also those fusionc launches through the driver and those inside a graph replay.
-This prints, for the median replay, each kernel's duration and its start and end offsets from
-its call's first kernel (medians over the calls), then the replay's span. Under programmatic
-dependent launch a kernel starts before its predecessor ends, so durations overlap; the end
-minus the previous kernel's end is each kernel's share of the critical path.
+This prints, for the median replay, each kernel's duration, its start and end offsets from its
+call's first kernel and its share of the critical path (medians over the calls), then the span
+per call. Under programmatic dependent launch a kernel starts before its predecessor ends, so
+durations overlap and sum to more than the span; the shares sum to it.
 
     python3 benchmarks/timeline.py mla --layer V2-Lite --batch 1 --kv 1024 [--reps 20]
 
@@ -42,10 +42,11 @@ CASES = {"mla": mla_case}
 
 
 def kernels_of(trace: dict) -> list[tuple[float, float, str]]:
-    """(start µs, duration µs, name) of every GPU kernel in a Chrome trace, by start."""
+    """(start µs, duration µs, name) of every GPU kernel in a Chrome trace, by start (ties in
+    the trace's order)."""
     ev = [(e["ts"], e["dur"], e["name"]) for e in trace.get("traceEvents", [])
           if e.get("cat") == "kernel" and "ts" in e and "dur" in e]
-    return sorted(ev)
+    return sorted(ev, key=lambda e: e[0])
 
 
 def replays(kernels: list, per_replay: int) -> list[list]:
@@ -54,8 +55,10 @@ def replays(kernels: list, per_replay: int) -> list[list]:
 
 
 def timeline(fn, sets: list[dict], reps: int) -> list[tuple[float, float, float, str]]:
-    """(offset, duration, gap before, name) of each kernel of the median-span replay of one
-    graph that calls ``fn`` once per buffer set."""
+    """(offset, duration, share, name) of each kernel of the median-span replay of one graph
+    that calls ``fn`` once per buffer set; a kernel's share of the critical path is how far its
+    end passes the latest end of the kernels before it in the replay (the previous call's
+    included: under programmatic dependent launch the next call's first kernel overlaps it)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -78,14 +81,39 @@ def timeline(fn, sets: list[dict], reps: int) -> list[tuple[float, float, float,
         with open(path) as f:
             ks = kernels_of(json.load(f))
     per = len(ks) // reps // len(sets) * len(sets)
-    runs = replays(ks, per) or [ks]
+    runs = replays(ks, per) if per else [ks]
     span = lambda r: r[-1][0] + r[-1][1] - r[0][0]  # noqa: E731
-    med = sorted(runs, key=span)[len(runs) // 2]
-    t0, out, end = med[0][0], [], med[0][0]
-    for ts, dur, name in med:
-        out.append((ts - t0, dur, max(0.0, ts - end), name))
+    return with_shares(sorted(runs, key=span)[len(runs) // 2])
+
+
+def with_shares(run: list) -> list[tuple[float, float, float, str]]:
+    """(offset from the first start, duration, share, name) of the kernels (start, duration,
+    name) of one replay: a kernel's share is how far its end passes the latest end before it
+    (the first kernel's: its duration)."""
+    t0, out, end = run[0][0], [], run[0][0]
+    for ts, dur, name in run:
+        out.append((ts - t0, dur, max(0.0, ts + dur - end) if out else dur, name))
         end = max(end, ts + dur)
     return out
+
+
+def table(tl: list, calls: int) -> str:
+    """The Markdown table of :func:`timeline`'s kernels for ``calls`` calls: per kernel of a
+    call, medians over the calls of duration, start and end (from the call's first kernel) and
+    share, then the span per call."""
+    per_call = len(tl) // calls
+    lines = ["| kernel | median µs | start µs | end µs | share µs |", "|---|---|---|---|---|"]
+    for j in range(per_call):
+        col = [tl[i * per_call + j] for i in range(calls)]
+        call0 = [tl[i * per_call][0] for i in range(calls)]   # each call's first start
+        med = lambda xs: statistics.median(list(xs))  # noqa: E731
+        lines.append(f"| {col[0][3]} | {med(c[1] for c in col):.2f} | "
+                     f"{med(c[0] - t for c, t in zip(col, call0)):.2f} | "
+                     f"{med(c[0] + c[1] - t for c, t in zip(col, call0)):.2f} | "
+                     f"{med(c[2] for c in col):.2f} |")
+    span = tl[-1][0] + tl[-1][1]
+    lines.append(f"| span per call | | | | {span / calls:.2f} ({len(tl)} kernels, {calls} calls) |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -99,24 +127,10 @@ def main(argv=None) -> int:
         reps = int(argv[i + 1])
         del argv[i:i + 2]
     for label, fn, sets in CASES[argv[0]](argv[1:]):
-        tl = timeline(fn, sets, reps)
-        n = max(1, len(sets))
-        span = tl[-1][0] + tl[-1][1]
-        print(f"\n{label}: {len(tl)} kernels for {n} calls, span {span:.1f} µs "
-              f"({span / n:.1f} µs per call), gaps {sum(g for *_, g, _ in tl) / n:.1f} µs "
-              f"per call, kernels {sum(d for _, d, *_ in tl) / n:.1f} µs per call")
-        per_call = len(tl) // n
-        print("| kernel | median µs | start µs | end µs | end − previous end µs |\n"
-              "|---|---|---|---|---|")
-        prev = 0.0
-        for j in range(per_call):
-            col = [tl[i * per_call + j] for i in range(n)]
-            call0 = [tl[i * per_call][0] for i in range(n)]   # each call's first start
-            start = statistics.median(c[0] - t for c, t in zip(col, call0))
-            end = statistics.median(c[0] + c[1] - t for c, t in zip(col, call0))
-            print(f"| {col[0][3]} | {statistics.median(c[1] for c in col):.2f} | "
-                  f"{start:.2f} | {end:.2f} | {end - prev:.2f} |")
-            prev = end
+        if fn is None:
+            print(f"\n{label}: fusionc cannot compile it (above)")
+            continue
+        print(f"\n{label}:\n" + table(timeline(fn, sets, reps), max(1, len(sets))))
     return 0
 
 

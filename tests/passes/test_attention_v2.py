@@ -146,6 +146,7 @@ def test_default_lowering_takes_v2_for_the_blocks_it_covers():
     assert default_lowering(block(heads=34, kv_heads=2, hidden=64).graphs[0]) == "v2"  # G 17
     assert default_lowering(block(head_dim=160, heads=4, kv_heads=2).graphs[0]) == "v1"  # spills
     assert default_lowering(block("f32", head_dim=96).graphs[0]) == "v1"   # FMA spills
+    assert default_lowering(block("f32", heads=34, kv_heads=2, hidden=64).graphs[0]) == "v1"
     mla = example("deepseek_v2_lite")   # MLA's only lowering: v1 has no MLA kernel
     assert all(default_lowering(x) == "v2" for x in mla.graphs
                if any(op.name == "mla_decode_attention" for op in x.body))

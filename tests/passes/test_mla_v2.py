@@ -201,30 +201,33 @@ def test_an_unmatched_mla_attention_is_named():
                                                      (3, 256, "f16", 255),
                                                      (16, 2048, "f32", 255),
                                                      (128, 7168, "f32", 255)])
-def test_mla_units_compile_without_spills(heads, hidden, dtype, regs):
+@pytest.mark.parametrize("mb", [1, 16])   # 64-token chunks and two merge loads; 128 and one
+def test_mla_units_compile_without_spills(heads, hidden, dtype, regs, mb):
     from fusionc.codegen.compile import compile_kernel
     m = deepseek.build(hidden=hidden, heads=heads, dtype=dtype)
-    low = run_pipeline(m, v2_pipeline(16))
+    low = run_pipeline(m, v2_pipeline(mb))
     k = next(g for g in low.graphs if g.kind == "kernel" and g.body[0].name == "mla_units")
     ck = compile_kernel(k)
     assert ck.spills == 0, ck.report()
+    assert f"FC_MQ = {1 if mb > 8 else 2}," in ck.source.source
     src = ck.source
     assert src.blocks == 132 and src.smem_bytes <= 232448 and src.pdl and src.resident
     from fusionc.ir.types import DType
     from fusionc.ir.ops.tile_mla_units import MERGE_GROUP
-    assert src.counters == 16 * head_blocks(heads, DType(dtype)) * (1 + 64 // MERGE_GROUP) + 1
+    assert src.counters == mb * head_blocks(heads, DType(dtype)) * (1 + 64 // MERGE_GROUP) + 1
     assert "fc_counter_arrive(top) == static_cast<unsigned>(ng - 1)" in src.source   # 2 levels
     assert "ng == 1 ? out : nullptr,\n             ng == 1 ? nullptr : gslot" in src.source
     assert "fc_counter_wait<" not in src.source   # nothing waits
 
 
 def test_many_chunks_merge_in_two_levels():
-    """A 2500-token row on 132 CTAs: 20 chunks, merged as 3 groups of <= MERGE_GROUP, then the
-    groups; the tree gives the one-level merge's result to fp32 rounding."""
+    """A 2500-token row on 132 CTAs at 2 rows (64-token chunks, mla_tile): 40 chunks, merged as
+    5 groups of <= MERGE_GROUP, then the groups; the tree gives the one-level merge's result to
+    fp32 rounding."""
     from fusionc.ir.ops.tile_attn_units import _merge, split_plan
-    from fusionc.ir.ops.tile_mla_units import MERGE_GROUP, merge_groups, merge_tree
-    _, splits = split_plan(np.array([2500]), 1, 132, 4096)
-    assert splits[0] > MERGE_GROUP and merge_groups(int(splits[0])) == 3
+    from fusionc.ir.ops.tile_mla_units import MERGE_GROUP, merge_groups, merge_tree, mla_tile
+    _, splits = split_plan(np.array([2500]), 1, 132, 4096, mla_tile(2))
+    assert splits[0] > MERGE_GROUP and merge_groups(int(splits[0])) == 5
     rng = np.random.default_rng(7)
     parts = [(rng.standard_normal(4).astype(np.float32) * 3, rng.random(4).astype(np.float32),
               rng.standard_normal((4, 8)).astype(np.float32)) for _ in range(20)]
@@ -239,7 +242,8 @@ def test_many_chunks_merge_in_two_levels():
 
 def test_mla_units_take_64_token_chunks_up_to_8_rows_and_128_above():
     """The split plan's granularity follows the batch bucket (tile_mla_units.mla_tile: 64-token
-    chunks measured faster at one row, slower at 16)."""
+    chunks measured faster at one row; 128 kept above 8 rows), and so do the merge's loads in
+    flight (mla_merge_loads: FC_MQ 2 at few rows, 1 above)."""
     from fusionc.ir.ops.tile_mla_units import mla_tile
     from fusionc.passes import parse_pipeline
     assert (mla_tile(1), mla_tile(8), mla_tile(16)) == (64, 64, 128)

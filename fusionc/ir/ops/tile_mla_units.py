@@ -53,10 +53,10 @@ from fusionc.ir.types import DType
 # The split plan's granularity for MLA (attention units: TILE = 128), by batch bucket. A unit
 # streams its chunk in steps of 32 tokens with four barriers each, latency-bound at few rows: at
 # batch 1, KV 1K, 128-token chunks made 8 units of 4 steps on 8 of 132 SMs (one SM busy 26 of
-# the kernel's 31 us; ncu, H100, 2026-12-07). Batch 1, KV 1K / 4K / 16K, one call: 64-token
-# chunks 53.2 / 55.2 / 68.1 us (50.7 / 52.8 / 66.7 with mla_merge_loads 2), against 51.1 / 60.6 /
-# 68.5 for 128 in an earlier call. At 16 rows 128 stays (the units are many there; 64 was not
-# measured better). BENCHMARKS.md, eighth session.
+# the kernel's 31 us; ncu, H100, 2026-12-07). Batch 1, KV 1K / 4K / 16K, one call: 128-token
+# chunks 51.1 / 60.6 / 68.5 us, 64-token chunks with mla_merge_loads 2: 51.1 / 53.0 / 66.8
+# (KV 1K: 16 chunks take a second merge level). Above 8 rows 128 stays (not measured worse
+# with 64, but not better either). BENCHMARKS.md, eighth session.
 MLA_TILE, MLA_TILE_ROWS = 64, 8
 
 
