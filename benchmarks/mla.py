@@ -116,11 +116,16 @@ def make_set(m: dict, batch: int, kv: int):
                 seq_lens=torch.full((batch,), kv, dtype=torch.int32, device=dev))
 
 
+def buffer_sets(m: dict, batch: int, kv: int) -> list[dict]:
+    """Enough buffer sets (:func:`make_set`) to rotate past 3x L2 (benchmarks/common.py)."""
+    from benchmarks import common
+    return [make_set(m, batch, kv) for _ in range(common.sets_needed(floor_bytes(m, batch, kv)))]
+
+
 def run_point(layer: str, batch: int, kv: int, bw: float, args) -> dict:
     from benchmarks import common, torch_blocks
     m = LAYERS[layer]
-    sets = [make_set(m, batch, kv)
-            for _ in range(common.sets_needed(floor_bytes(m, batch, kv)))]
+    sets = buffer_sets(m, batch, kv)
     kw = dict(heads=m["heads"], nope=m["nope"], rope=m["rope"], latent=m["latent"], eps=1e-6,
               theta=10000.0)
     wq = lambda s: s["w_q"] if "w_q" in s else (s["w_q_a"], s["q_a_norm"], s["w_q_b"])  # noqa

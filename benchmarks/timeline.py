@@ -27,11 +27,11 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "examples")]
 def mla_case(argv: list[str]):
     """(label, fusionc callable, buffer sets) of every point ``benchmarks/mla.py argv`` names
     (and of its ``--alt`` build)."""
-    from benchmarks import common, mla
+    from benchmarks import mla
     args = mla.parse(argv)
     for layer, b, k in mla.points(args):
         m = mla.LAYERS[layer]
-        sets = [mla.make_set(m, b, k) for _ in range(common.sets_needed(mla.floor_bytes(m, b, k)))]
+        sets = mla.buffer_sets(m, b, k)
         yield f"{layer} b{b} kv{k}", mla.fusionc_mla(m, b, k), sets
         if args.alt:
             yield f"{layer} b{b} kv{k} --alt {args.alt}", \
