@@ -13,9 +13,10 @@ launches (:meth:`fusionc.runtime.launch.LoadedKernel.launcher`: one closure per 
 nothing is checked again because nothing it checked can have changed. A misaligned address
 changes the signature, so it takes the checked path and gets its error.
 
-Graphs of kernel launches and GEMMs without a bias (``library_call``) run fully planned. Graphs
-with a biased GEMM, other host ops or collectives, and calls given ``outputs=``, run the
-general path with the signature's checks and dims reused (:meth:`Plan.views`: CuPy views of
+Graphs of kernel launches, GEMMs without a bias (``library_call``) and collectives on the
+caller's stream (tensor-parallel layers without a token split) run fully planned. Graphs
+with a biased GEMM, other host ops or side-stream collectives, and calls given ``outputs=``,
+run the general path with the signature's checks and dims reused (:meth:`Plan.views`: CuPy views of
 torch arguments made without checks, cached per address).
 """
 from __future__ import annotations
@@ -54,16 +55,25 @@ class Plan:
         return {p.name: arrays.unchecked_view(x, p, cache) for p, x in zip(cg.host.params, args)}
 
 
+def _plannable(op) -> bool:
+    """Whether the planned path runs host op ``op``: a launch, a GEMM without a bias, or a
+    collective on the caller's stream (a side-stream one needs the general path's events)."""
+    from fusionc.runtime.comm_ops import COMM_OPS
+    return op.name == "launch" or op.name == "library_call" and len(op.operands) == 2 or \
+        op.name in COMM_OPS and op.attr("stream") == 0
+
+
 def _planned_run(cg, env, torch_mode, device):
-    """The fast ``run(cg, args, ptrs)`` of a host graph of kernel launches and GEMMs
-    (``library_call``) only; None for other graphs."""
+    """The fast ``run(cg, args, ptrs)`` of a host graph of kernel launches, GEMMs without a
+    bias (``library_call``) and collectives on the caller's stream only; None for other
+    graphs."""
     host = cg.host
-    if any(op.name not in ("launch", "library_call") or
-           op.name == "library_call" and len(op.operands) > 2
-           for op in host.body):   # a GEMM with a bias takes the checked path
+    if not all(_plannable(op) for op in host.body):
         return None
     index = {p.name: i for i, p in enumerate(host.params)}
     allocs, steps = [], []
+    fixed: dict = {}     # value name -> CuPy view of the graph's scratch buffer for it
+    current = [None]     # this call's arguments and outputs (read by the collectives' steps)
 
     def output(v, r):   # result r's buffer (typed like v): per call, or the graph's scratch
         index[r.name] = len(host.params) + len(allocs)
@@ -71,11 +81,17 @@ def _planned_run(cg, env, torch_mode, device):
             allocs.append(arrays.allocator(v, env, torch_mode, device))
         else:   # an intermediate: the graph's scratch buffer (CompiledGraph.scratch)
             obj, view = cg.scratch(v, r.name, env, torch_mode)
+            fixed[r.name] = view
             ptr = obj.data_ptr() if torch_mode else obj.data.ptr
             allocs.append(lambda obj=obj, ptr=ptr: (obj, ptr))
         return index[r.name]
 
     for op in host.body:
+        if op.name != "launch" and op.name != "library_call":   # a collective
+            for r in op.results:
+                output(r, r)
+            steps.append(_comm_step(cg, op, env, torch_mode, index, fixed, current))
+            continue
         if op.name == "library_call":
             steps.append(_gemm_step(op, env, device, index, output(op.result, op.result)))
             continue
@@ -97,6 +113,7 @@ def _planned_run(cg, env, torch_mode, device):
 
     def run(cg, args, ptrs):
         stream = stream_of()
+        current[0] = args
         for alloc in allocs:
             obj, ptr = alloc()
             args.append(obj)
@@ -107,6 +124,33 @@ def _planned_run(cg, env, torch_mode, device):
             cg._captured.append(tuple(args))
         return result(args)
     return run
+
+
+def _comm_step(cg, op, env, torch_mode, index, fixed, current):
+    """Collective ``op`` (:func:`fusionc.runtime.comm_ops.run_comm_op`) on the caller's stream:
+    its operands and results are the graph's scratch buffers (views made once), arguments
+    (views cached per address, as :meth:`Plan.views`) or this call's outputs. A block of no
+    rows is skipped, as the general path skips it."""
+    from fusionc.runtime.comm_ops import run_comm_op
+    params = {p.name: p for p in cg.host.params}
+    cache: dict = {}
+
+    def view(v, objs):
+        got = fixed.get(v.name)
+        if got is not None:
+            return got
+        p = params.get(v.name)
+        return arrays.unchecked_view(objs[index[v.name]], p or v,
+                                     cache if p is not None else None)
+    if 0 in op.results[0].type.concrete(env):
+        return lambda ptrs, stream: None
+
+    def step(ptrs, stream):
+        objs = current[0]
+        views = {v.name: view(v, objs) for v in op.operands}
+        run_comm_op(cg, op, views, {}, env, torch_mode, None, arrays.current_stream(torch_mode),
+                    lambda r: (objs[index[r.name]], view(r, objs)))
+    return step
 
 
 def _gemm_step(op, env, device, index, out):

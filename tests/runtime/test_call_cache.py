@@ -328,3 +328,45 @@ def test_library_path_intermediates_are_scratch_and_memory_stays_bounded(module,
     assert len(names) == len(set(names)) and max(x.size for x in cg._scratch.values()) <= \
         64 * 2 * SIZES["intermediate"]
 
+
+
+class _RecordingComm:
+    """Two ranks; records each all-reduce's operand and output addresses and options."""
+
+    world = 2
+
+    def __init__(self):
+        self.calls = []
+
+    def all_reduce(self, *ins, out_y=None, out_h=None, **kw):
+        ptr = lambda a: None if a is None else a.data.ptr
+        self.calls.append(([ptr(a) if hasattr(a, "data") else a for a in ins], ptr(out_y),
+                           ptr(out_h), kw))
+
+
+@pytest.mark.parametrize("torch", [False, True])
+def test_collectives_on_the_callers_stream_are_planned(gpu, torch):
+    """A tensor-parallel layer (launches and two all-reduces) runs from its plan after the
+    first call: the collectives get the same scratch buffers, argument views and options as on
+    the checked first call, and each call's graph output is a new buffer."""
+    import fusionc
+    from fusionc.models.blocks import tp_layer_block
+    m = tp_layer_block(hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, tp=2,
+                       max_seq=64, eps=1e-5, theta=1e4, dtype="f16")
+    cg = fusionc.compile(m, max_batch=2)
+    cg.comm = comm = _RecordingComm()
+    a = _args(cg, torch=torch)
+    out1, out2 = cg(**a), cg(**a)
+    (plan,) = cg._plans.values()
+    assert plan.run is not None and len(comm.calls) == 4
+    first, second = comm.calls[:2], comm.calls[2:]
+    assert [c[3] for c in first] == [c[3] for c in second]
+    assert first[0] == second[0]   # residual x and the norm weight: argument views; y, h scratch
+    ins1, _, h1, _ = first[1]
+    ins2, _, h2, _ = second[1]
+    assert ins1 == ins2 and h1 != h2   # the layer's output: a new buffer per call
+    ptr = (lambda t: t.data_ptr()) if torch else (lambda t: t.data.ptr)
+    assert ptr(out1[0]) == h1 and ptr(out2[0]) == h2
+    cg.comm = None
+    with pytest.raises(InputError, match="no communicator"):
+        cg(**a)
