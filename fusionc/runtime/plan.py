@@ -40,7 +40,8 @@ def tuple_getter(idxs):
 class Plan:
     """What one argument signature of a compiled graph fixes (see the module docstring).
 
-    ``run`` is None unless the host graph is kernel launches only; otherwise it is
+    ``run`` is None unless every op of the host graph is one the planned path runs (launches,
+    GEMMs without a bias, collectives on the caller's stream); otherwise it is
     ``run(cg, args, ptrs)`` for the arguments in parameter order and their device pointers.
     """
 
@@ -118,8 +119,11 @@ def _planned_run(cg, env, torch_mode, device):
             obj, ptr = alloc()
             args.append(obj)
             ptrs.append(ptr)
-        for step in steps:
-            step(ptrs, stream)
+        try:
+            for step in steps:
+                step(ptrs, stream)
+        finally:   # the plan must not keep this call's buffers alive
+            current[0] = None
         if capturing(stream):  # the graph's replays write into these buffers
             cg._captured.append(tuple(args))
         return result(args)

@@ -367,6 +367,13 @@ def test_collectives_on_the_callers_stream_are_planned(gpu, torch):
     assert ins1 == ins2 and h1 != h2   # the layer's output: a new buffer per call
     ptr = (lambda t: t.data_ptr()) if torch else (lambda t: t.data.ptr)
     assert ptr(out1[0]) == h1 and ptr(out2[0]) == h2
+    import weakref
+    gone = weakref.ref(out2[0])
+    del out1, out2
+    assert gone() is None   # the plan keeps no buffer of a finished call
+    comm.world = 4
+    with pytest.raises(InputError, match="group = 2 but the communicator has 4 ranks"):
+        cg(**a)
     cg.comm = None
     with pytest.raises(InputError, match="no communicator"):
         cg(**a)
