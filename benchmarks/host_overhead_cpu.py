@@ -1,7 +1,8 @@
 """Host overhead of a ``fusionc.compile`` call on a machine without a GPU (issue 23): the Python
 path of ``CompiledGraph.__call__`` against fake device arrays and a stubbed driver launch
-(``benchmarks/cpu_fakes.py``), per call, for one-kernel graphs, a two-kernel graph, a host-op
-graph (a linear layer through cuBLAS) and a graph with collectives. The figures are the Python
+(``benchmarks/cpu_fakes.py``), per call, for one-kernel graphs, a two-kernel graph, a linear
+layer and a graph with collectives (the library-path graph of CuPy host ops runs on the GPU
+only: ``benchmarks/host_overhead.py``). The figures are the Python
 path only: no driver launch, no PyTorch C++ attribute costs (``benchmarks/host_overhead.py``
 measures the real thing on the GPU).
 
@@ -64,6 +65,19 @@ def linear_graph(dtype="f16"):
     return linear
 
 
+def host_ops_graph(dtype="f16"):
+    """Graph ``@host_ops``: ``x + silu(rms_norm(x) · wᵀ)`` on the library path (a CuPy RMSNorm,
+    a cuBLAS GEMM, CuPy SiLU and add: four host ops, no fusionc kernel), hidden 1024."""
+    import fusionc as fc
+    T = fc.dtype(dtype)
+
+    @fc.graph
+    def host_ops(x: T["B", 1024], norm: T[1024], w: T[1024, 1024]):
+        return x + fc.silu(fc.linear(fc.rms_norm(x, norm, 1e-5), w))
+
+    return host_ops
+
+
 def cases(batch: int = 1):
     """``{name: (module, compile keyword arguments)}`` of the measured graphs."""
     from fusionc.models.blocks import attention_block, mlp_block, tp_layer_block
@@ -78,6 +92,8 @@ def cases(batch: int = 1):
                     dict(max_batch=batch)),
             "layer (attention + MLP)": (layer_graph(), kv),
             "linear": (linear_graph(), dict(max_batch=batch, lowering="v2")),
+            "host ops (library path)": (host_ops_graph(),
+                                        dict(max_batch=batch, pipeline="fold-views,lower-library")),
             "tp2 layer (collectives)": (tp, kv)}
 
 
@@ -169,6 +185,8 @@ def main():
     with cpu_fakes.fake_gpu() as cu:
         for name, (module, kw) in cases(args.batch).items():
             if args.only and args.only != name.split()[0]:
+                continue
+            if "library path" in name:   # CuPy's own kernels need a GPU
                 continue
             cg = compile_case(module, kw)
             if "collectives" in name:
