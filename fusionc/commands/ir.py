@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 
 from fusionc.cli import command
 from fusionc.errors import DSLError
@@ -16,7 +17,8 @@ examples:
   fusionc ir examples/llama2_7b.py
   fusionc ir examples/llama3_8b.py -D hidden=512 -D intermediate=1024 --graph mlp
   fusionc ir saved.fir
-  fusionc ir examples/llama3_8b.py --after partition-cluster      # tile IR + cost table
+  fusionc ir examples/llama3_8b.py --after smem-plan --graph mlp   # tile IR + cost table
+  fusionc ir examples/llama3_8b.py --lowering v1 --after partition-cluster
   fusionc ir examples/llama2_7b.py --passes "partition-cluster{size=4,scheme=splitn}"
 
 With --after or --passes, each kernel's cost (global and DSM bytes, FLOPs, waves, estimated time
@@ -38,12 +40,11 @@ def setup(p):
     p.add_argument("--passes", metavar="PIPELINE",
                    help='run this pipeline first, e.g. "partition-cluster{size=4},fuse"')
     from fusionc.commands.compile import positive_int
-    p.add_argument("--lowering", choices=("auto", "v1", "v2"), default="v1",
-                   help="the default pipeline of --after: v1 (cluster kernels; the default), "
-                        "v2 (fused streamed kernels or the library path), or auto "
-                        "(fusionc.compile's choice: v2 when every graph shown has its "
-                        "attention blocks in the form the attention units take; MLA "
-                        "graphs need v2 or auto: v1 has no MLA kernel)")
+    p.add_argument("--lowering", choices=("auto", "v1", "v2"), default="auto",
+                   help="each graph's default pipeline for --after: auto (the default: "
+                        "fusionc.compile's choice for that graph), v2 (fused streamed "
+                        "kernels or the library path) or v1 (cluster kernels; MLA graphs "
+                        "need v2 or auto: v1 has no MLA kernel)")
     p.add_argument("--max-batch", type=positive_int, default=8,
                    help="batch bucket of the v2 pipeline (default 8)")
     p.add_argument("--batch", type=positive_int, default=1,
@@ -104,24 +105,36 @@ def parse_sizes(items: list[str]) -> dict:
     return out
 
 
-def _v2_default(module, args) -> str:
-    """``fusionc.compile``'s v2 pipeline for ``--graph`` (or for every graph, when they agree;
-    else a PassError naming them): :func:`fusionc.runtime.pipelines.v2_default_pipeline`."""
-    from fusionc.passes.stream import v2_pipeline
-    from fusionc.runtime.pipelines import v2_default_pipeline
-    names = [args.graph] if getattr(args, "graph", None) in module.names else \
-        [g.name for g in module.graphs if g.kind == "graph"]
-    found = {n: v2_default_pipeline(module[n], args.max_batch) for n in names}
-    if len(set(found.values())) > 1:
-        from fusionc.errors import PassError
-        groups = {}
-        for n, p in found.items():
-            groups.setdefault(p, []).append(n)
-        text = "; ".join(f"{', '.join(sorted(ns))}: {p}" for p, ns in groups.items())
-        raise PassError(f"the graphs' lowering-v2 defaults differ at --max-batch "
-                        f"{args.max_batch} ({text})", op="ir",
-                        valid="one of them with --graph NAME, or a pipeline with --passes")
-    return found.popitem()[1] if found else v2_pipeline(args.max_batch)
+def _pipelines(module, args) -> dict[str, str]:
+    """The pipeline of each graph of ``module`` (by name): ``--passes``; else as
+    ``fusionc.compile`` picks it for that graph alone (``--lowering auto``:
+    :func:`fusionc.runtime.pipelines.default_lowering`; v2:
+    :func:`fusionc.runtime.pipelines.v2_default_pipeline` at ``--max-batch``; v1:
+    ``DEFAULT_PIPELINE``). Graphs other than host graphs follow the first one."""
+    from fusionc.passes import DEFAULT_PIPELINE
+    from fusionc.runtime.pipelines import default_lowering, v2_default_pipeline
+    mb = getattr(args, "max_batch", None) or 8
+    lowering = getattr(args, "lowering", "auto")
+    out = {}
+    for g in module.graphs:
+        if args.passes:
+            out[g.name] = args.passes
+        elif g.kind != "graph":
+            out[g.name] = next(iter(out.values()), DEFAULT_PIPELINE)
+        else:
+            low = default_lowering(g, max_batch=mb) if lowering == "auto" else lowering
+            out[g.name] = v2_default_pipeline(g, mb) if low == "v2" else DEFAULT_PIPELINE
+    return out
+
+
+def _no_such_pass(module, args, names: list) -> None:
+    """PassError: no graph's pipeline has ``--after``'s pass (``names``: one pipeline's)."""
+    from fusionc.errors import PassError
+    why = ""
+    if "lower-library" in names and not args.passes:
+        why = _library_why(module, names, getattr(args, "max_batch", None) or 8)
+    raise PassError(f"--after {args.after}: no such pass in the pipeline{why}",
+                    valid=", ".join(names))
 
 
 def _library_why(module, names: list, max_batch: int) -> str:
@@ -144,30 +157,33 @@ def _library_why(module, names: list, max_batch: int) -> str:
 
 
 def run_passes(module, args):
-    """Run ``--passes`` or the default pipeline up to ``--after``; print the cost table."""
+    """Run ``--passes`` or each graph's default pipeline (:func:`_pipelines`) up to
+    ``--after``; print the cost table. Graphs whose pipeline has no ``--after`` pass stay as
+    traced (a note on stderr names them and their path); none having it is a PassError."""
     from fusionc.cost.model import cost_table
-    from fusionc.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
-    from fusionc.errors import PassError
-    default = DEFAULT_PIPELINE
-    if getattr(args, "lowering", "v1") == "auto":
-        from fusionc.runtime.pipelines import default_lowering
-        mb = getattr(args, "max_batch", None) or 8
-        args.lowering = "v2" if all(default_lowering(g, max_batch=mb) == "v2"
-                                    for g in module.graphs if g.kind == "graph") else "v1"
-    if getattr(args, "lowering", "v1") == "v2":
-        default = _v2_default(module, args)
-    passes = parse_pipeline(args.passes or default)
-    if args.after:
-        names = [p.name for p in passes]
-        if args.after not in names:
-            why = ""
-            if "lower-library" in names and not args.passes and \
-                    getattr(args, "lowering", "v1") == "v2":
-                why = _library_why(module, names, args.max_batch)
-            raise PassError(f"--after {args.after}: no such pass in the pipeline{why}",
-                            valid=", ".join(names))
-        passes = passes[:names.index(args.after) + 1]
-    module = run_pipeline(module, passes)
+    from fusionc.ir import Module
+    from fusionc.passes import parse_pipeline, run_pipeline
+    groups = {}
+    for name, text in _pipelines(module, args).items():
+        groups.setdefault(text, []).append(name)
+    done, skipped = [], []
+    for text, names in groups.items():
+        passes = parse_pipeline(text)
+        part = Module(tuple(module[n] for n in names))
+        if args.after:
+            at = [p.name for p in passes]
+            if args.after not in at:
+                skipped.append((part, names, at))
+                continue
+            passes = passes[:at.index(args.after) + 1]
+        done.append(run_pipeline(part, passes))
+    if not done:
+        _no_such_pass(module, args, skipped[0][2])
+    for part, names, at in skipped:
+        print(f"fusionc: note: {', '.join('@' + n for n in names)} shown as traced: "
+              f"its pipeline has no {args.after} ({','.join(at)})", file=sys.stderr)
+        done.append(part)
+    module = Module(tuple(g for m in done for g in m.graphs))
     kernels = [g for g in module.graphs if g.kind == "kernel"]
     if kernels:
         table = cost_table(kernels, args.batch, args.kv_len)

@@ -205,15 +205,26 @@ def test_a_size_given_twice_is_named(capsys):
 GRAPHS_V2 = [str(EXAMPLES / "graphs_v2.py"), "-D", "hidden=256", "-D", "inter=200"]
 
 
-def test_ir_names_the_graphs_whose_v2_defaults_differ(capsys):
+def test_ir_runs_each_graph_on_its_own_default_pipeline(capsys):
     """At 17 rows the f16 graphs fuse but mlp_shard (rows TMA cannot copy: the FMA bucket is
-    16) takes the library path: one pipeline cannot show both."""
-    code, _, err = run_cli(capsys, "ir", *GRAPHS_V2, "--lowering", "v2", "--max-batch", 17,
-                           "--after", "smem-plan")
-    assert code == 1 and "defaults differ at --max-batch 17" in err and "mlp_shard" in err, err
+    16) takes the library path, which has no smem-plan: it is shown as traced, and named."""
+    code, out, err = run_cli(capsys, "ir", *GRAPHS_V2, "--lowering", "v2", "--max-batch", 17,
+                             "--after", "smem-plan")
+    assert code == 0 and "ring_alloc" in out and "kernel @mlp_k" in out, err
+    assert "@mlp_shard shown as traced: its pipeline has no smem-plan" in err, err
     code, out, _ = run_cli(capsys, "ir", *GRAPHS_V2, "--lowering", "v2", "--max-batch", 17,
                            "--after", "smem-plan", "--graph", "mlp")
     assert code == 0 and "ring_alloc" in out
+
+
+def test_ir_default_lowering_is_compiles(capsys):
+    """Without --lowering, `fusionc ir --after` shows what fusionc.compile runs: v2 here."""
+    code, out, err = run_cli(capsys, "ir", *GRAPHS_V2, "--after", "partition-units",
+                             "--graph", "swiglu")
+    assert code == 0 and "kernel @swiglu_k" in out, err
+    code, _, err = run_cli(capsys, "ir", *GRAPHS_V2, "--after", "partition-cluster",
+                           "--graph", "swiglu")
+    assert code == 1 and "no such pass" in err and "partition-units" in err, err
 
 
 def test_compile_with_passes_does_not_run_the_v1_matcher(capsys, tmp_path, tmp_cache):
@@ -251,7 +262,7 @@ MLA_SMALL = ["-D", "hidden=64", "-D", "heads=4", "-D", "qk_nope=16", "-D", "qk_r
 @pytest.mark.parametrize("command, flags", [
     ("compile", ["--lowering", "v1"]), ("compile", ["--cluster", 4]),
     ("compile", ["--scheme", "splitk"]), ("run", ["--lowering", "v1"]),
-    ("run", ["--cluster", 2]), ("ir", ["--after", "partition-cluster"])])
+    ("run", ["--cluster", 2]), ("ir", ["--lowering", "v1", "--after", "partition-cluster"])])
 def test_mla_on_lowering_v1_is_named(capsys, tmp_path, command, flags):
     """v1 has no MLA kernel (issue 27): one line naming the op at its DSL line, saying to use
     lowering v2, before any GPU is needed."""

@@ -17,7 +17,8 @@ def test_ir_prints_tile_ir_from_a_file(tmp_path, capsys):
 
 
 def test_ir_after_partition_cluster_shows_collectives_and_costs(capsys):
-    assert main(["ir", str(EXAMPLES / "llama3_8b.py"), "--after", "partition-cluster"]) == 0
+    assert main(["ir", str(EXAMPLES / "llama3_8b.py"), "--lowering", "v1",
+                 "--after", "partition-cluster"]) == 0
     out = capsys.readouterr().out
     assert "cluster_reduce" in out and "kernel @attention_k0" in out
     assert "// kernel" in out and "est µs" in out and "attention_k0" in out.split("kernel @")[0]
