@@ -23,6 +23,7 @@ class StreamCtx:
     refs: dict                     # IR parameter name -> C pointer
     producer_setup: str = ""       # the producer's code before every phase
     consumer_setup: str = ""
+    staged: set = field(default_factory=set)   # consumer prologue pieces emitted: once each
     views: dict = field(default_factory=dict)   # stage-view value -> C expression
     epilogues: list = field(default_factory=list)  # each flush's functor (stream.epilogue)
     phase: object = None           # the Phase being emitted (fusionc.codegen.streamed)
@@ -197,7 +198,8 @@ def _gemv(op, ctx):
             raise CompileError("a block-diagonal linear on the plain-load path", op=op.name,
                                loc=op.loc, valid="rows TMA copies (the lowering keeps other "
                                "head_linear ops on the host)")
-        if "fc_grid_dependency_wait" not in ctx.consumer_setup:
+        if "pdl_wait" not in ctx.staged:
+            ctx.staged.add("pdl_wait")
             ctx.consumer_setup += "fc_grid_dependency_wait();  // PDL: x from the previous kernel\n"
         return (f"fc_acc_fma_global<{p.rows // 16}, {p.max_batch}, {v}, {ct}>(fc_acc, "
                 f"{ctx.ptr(x)}, {ctx.ptr(w)}, {gamma}, {rms}, {m}, {n}, {k}, fc_g, {p.rows}, "
@@ -216,8 +218,9 @@ def _stage_gamma(op, ctx, ct) -> str:
     read by every unit, so from shared memory rather than through L2 at each k-step."""
     from fusionc.codegen.streamed import gamma_elems
     p = ctx.plan
-    if "fc_gamma" in ctx.consumer_setup:   # sibling phases: one prologue, staged once
+    if "gamma" in ctx.staged:   # sibling phases: one prologue, staged once
         return "fc_gamma"
+    ctx.staged.add("gamma")
     kp = gamma_elems(p, op)
     ctx.consumer_setup = (
         f"{ct}* const fc_gamma = reinterpret_cast<{ct}*>(fc_smem + {p.gamma_off});\n"
@@ -228,8 +231,9 @@ def _stage_gamma(op, ctx, ct) -> str:
 
 def _acc_decl(ctx, acc) -> None:
     p = ctx.plan
-    if "fc_acc" in ctx.consumer_setup:
+    if "acc" in ctx.staged:
         return
+    ctx.staged.add("acc")
     shape = f"[{p.nb}][4]" if p.path == "mma" else f"[{p.rows // 16}][{p.max_batch}]"
     ctx.consumer_setup += (f"float fc_acc{shape};  // %{acc.name}: registers\n"
                            f"for (auto& row : fc_acc) for (float& a : row) a = 0.f;\n")
@@ -301,6 +305,7 @@ def row_rms(op, ctx) -> str:
     x = op.operands[0]
     ct, k = cnames.ctype(x.type.dtype), x.type.shape[1]
     m = cnames.dim(x.type.shape[0])
+    ctx.staged.add("pdl_wait")
     return (f"float* const fc_rms = reinterpret_cast<float*>(fc_smem + {p.rms_off});\n"
             "fc_grid_dependency_wait();  // PDL: x from the previous kernel\n"
             f"fc_row_rms<256, {p.max_batch}, {ct}>({ctx.ptr(x)}, {m}, {k}, "
