@@ -69,7 +69,7 @@ def _check(kernel: Graph, op: Op, geo: dict) -> None:
                    "cp.async stages per warp do not fit in shared memory)")
     if bad:
         raise CompileError("attention units cannot take " + ", ".join(bad), op=op.name,
-                           loc=op.loc, valid="f16 or bf16 (f32 at head_dim <= 80 or 128), head_dim "
+                           loc=op.loc, valid="f16 or bf16 (f32 at head_dim <= 192), head_dim "
                                              "a multiple of 16, a few thousand rows at most "
                                              "(lowering v1 takes the others)")
 

@@ -22,16 +22,14 @@ from dataclasses import dataclass, field
 from fusionc.cost.h200 import H200
 from fusionc.ir.nodes import Graph, Op, Value, users
 from fusionc.ir.types import DType
-from fusionc.ir.ops.tile_attn_units import QBLOCK, STEP, fast, unsupported
+from fusionc.ir.ops.tile_attn_units import STEP, fast, unsupported
 from fusionc.lower.builder import KernelBuilder
 
 def covers(g: Graph) -> bool:
     """Whether lowering v2 takes every attention of graph ``g``: each ``decode_attention`` is
     the core of a matched block (:func:`attention_cores`) of a geometry the units take at
-    speed (:func:`fusionc.ir.ops.tile_attn_units.fast`): f32 (by FMA) and groups of more than
-    16 query heads per KV head (by query blocks) since their GPU cases passed (H100,
-    2026-12-07: f32-gqa4, f32-d64-qk-norm, mqa32, g20), but not both at once (no GPU case of
-    f32 query blocks yet: those stay on v1)."""
+    speed (:func:`fusionc.ir.ops.tile_attn_units.fast`), f32 (by FMA) and groups of more than
+    16 query heads per KV head (by query blocks) included."""
     atts = [op for op in g.body if op.name == "decode_attention"]
     cores = attention_cores(g)
     if len(cores) != len(atts):
@@ -40,8 +38,7 @@ def covers(g: Graph) -> bool:
         q, kc = c.attention.operands[0].type, c.caches[0].type
         if not all(isinstance(x, int) for x in (q.shape[1], *kc.shape[1:])) or \
                 unsupported(q.dtype, q.shape[1], kc.shape[2], kc.shape[3]) or \
-                not fast(kc.shape[3]) or \
-                q.dtype == DType.f32 and q.shape[1] // kc.shape[2] > QBLOCK:
+                not fast(kc.shape[3]):
             return False
     return True
 

@@ -3,7 +3,8 @@ v2 linear kernels, the core (RoPE, QK-norm, KV append, split-KV attention) as at
 over every SM. Each case against the float64 interpreter and the simulator on fresh random
 inputs (NaN in the caches past each row's length, the output poisoned), with MHA, GQA 4:1 and
 8:1, one KV head, Qwen3's QK-norm, GPT-J RoPE with a partial rotary dim, Llama 3.1 scaling,
-head_dim 64 / 80 / 96 / 128 / 256, f32 (FMA), a group of 32 query heads (query blocks), rows of length 0, 1, a chunk ± 1 and long rows, batch 1-64
+head_dim 64 / 80 / 96 / 128 / 160 / 224 / 256, f32 (FMA: head_dim 64-192, query blocks), a group of 32 query heads
+(query blocks), rows of length 0, 1, a chunk ± 1 and long rows, batch 1-64
 (batch 256: test_attention_v2_edges_gpu); then 50 CUDA-graph replays with lengths that grow
 each step."""
 # no `from __future__ import annotations`: the DSL evaluates the annotations
@@ -53,6 +54,16 @@ CASES = [
      [1024, 0, 1, 129], 4),   # fp32 by FMA on four warps
     ("f32-d64-qk-norm", dict(hidden=256, heads=16, kv_heads=1, head_dim=64, max_seq=700,
                              qk_norm=True), "f32", [700, 3], 2),
+    ("d160", dict(hidden=256, heads=8, kv_heads=2, head_dim=160, max_seq=700), "bf16",
+     [700, 1, 0, 129], 4),    # head_dim 144-240: copies a power of two of lanes a row
+    ("d224-qk-norm", dict(hidden=256, heads=4, kv_heads=2, head_dim=224, max_seq=600,
+                          qk_norm=True), "f16", [600, 17], 2),
+    ("f32-d96", dict(hidden=256, heads=4, kv_heads=2, head_dim=96, max_seq=500), "f32",
+     [500, 2], 2),
+    ("f32-d192", dict(hidden=256, heads=4, kv_heads=2, head_dim=192, max_seq=400), "f32",
+     [400, 0, 65], 4),
+    ("f32-g20", dict(hidden=256, heads=40, kv_heads=2, head_dim=64, max_seq=600), "f32",
+     [600, 1], 2),            # f32 query blocks
 ]
 TOL = {"f32": (1e-4, 1e-5)}   # (vs float64, vs the simulator); 16-bit: (1e-2, 2e-3)
 

@@ -144,9 +144,10 @@ def test_default_lowering_takes_v2_for_the_blocks_it_covers():
     assert default_lowering(g, cluster=4) == "v1"
     assert default_lowering(block("f32").graphs[0]) == "v2"   # FMA units (GPU-tested)
     assert default_lowering(block(heads=34, kv_heads=2, hidden=64).graphs[0]) == "v2"  # G 17
-    assert default_lowering(block(head_dim=160, heads=4, kv_heads=2).graphs[0]) == "v1"  # spills
-    assert default_lowering(block("f32", head_dim=96).graphs[0]) == "v1"   # FMA spills
-    assert default_lowering(block("f32", heads=34, kv_heads=2, hidden=64).graphs[0]) == "v1"
+    assert default_lowering(block(head_dim=160, heads=4, kv_heads=2).graphs[0]) == "v2"
+    assert default_lowering(block("f32", head_dim=96).graphs[0]) == "v2"
+    assert default_lowering(block(head_dim=272, heads=4, kv_heads=2).graphs[0]) == "v1"
+    assert default_lowering(block("f32", heads=34, kv_heads=2, hidden=64).graphs[0]) == "v2"   # f32 query blocks
     mla = example("deepseek_v2_lite")   # MLA's only lowering: v1 has no MLA kernel
     assert all(default_lowering(x) == "v2" for x in mla.graphs
                if any(op.name == "mla_decode_attention" for op in x.body))
@@ -158,17 +159,17 @@ def test_attention_only_graph_without_o_projection_stays_on_v1():
     assert default_lowering(m.graphs[0]) == "v1"
 
 
-def test_units_refuse_f32_past_head_dim_128_by_name():
-    """f32 runs by FMA on four warps up to head_dim 80 and at 128 (its default is v2 there)."""
+def test_units_refuse_f32_past_head_dim_192_by_name():
+    """f32 runs by FMA on four warps up to head_dim 192 (its default is v2 there)."""
     import fusionc as fc
     from fusionc.runtime.pipelines import default_lowering
-    for d in (96, 112, 256):   # ptxas spills the fp32 accumulators there
+    for d in (208, 256):   # ptxas spills the fp32 accumulators there
         with pytest.raises(CompileError, match=f"f32 at head_dim {d}") as e:
             fc.compile(block("f32", head_dim=d, heads=4, kv_heads=2), max_batch=2,
                        lowering="v2")
         assert e.value.op == "attn_units"
-    assert default_lowering(block("f32").graphs[0], max_batch=2) == "v2"
-    assert default_lowering(block("f32", head_dim=96).graphs[0], max_batch=2) == "v1"
+    assert default_lowering(block("f32", head_dim=192).graphs[0], max_batch=2) == "v2"
+    assert default_lowering(block("f32", head_dim=208).graphs[0], max_batch=2) == "v1"
 
 
 @pytest.mark.parametrize("dtype,kw", [("f16", dict(head_dim=128, heads=32, kv_heads=8)),
@@ -179,7 +180,11 @@ def test_units_refuse_f32_past_head_dim_128_by_name():
                                       ("f16", dict(head_dim=64, heads=32, kv_heads=1)),
                                       ("f32", dict(head_dim=80, heads=40, kv_heads=2)),
                                       ("f16", dict(head_dim=256, heads=4, kv_heads=2,
-                                                   qk_norm=True))])
+                                                   qk_norm=True)),
+                                      ("bf16", dict(head_dim=160, heads=8, kv_heads=2)),
+                                      ("f16", dict(head_dim=224, heads=4, kv_heads=2)),
+                                      ("f32", dict(head_dim=112, heads=4, kv_heads=2)),
+                                      ("f32", dict(head_dim=192, heads=4, kv_heads=2))])
 def test_attention_units_compile_without_spills(dtype, kw):
     from fusionc.codegen.compile import compile_kernel
     low = run_pipeline(block(dtype, **kw), v2_pipeline(16))
@@ -261,7 +266,7 @@ def test_default_lowering_keeps_v1_for_graphs_v2_would_not_lower():
     chunk = chunk_attention_block(eps=1e-5, theta=1e4, dtype="f16", **sizes)
     assert default_lowering(chunk.graphs[0]) == "v2"     # a prompt chunk: the library path
     assert default_lowering(block(head_dim=512, heads=2, kv_heads=1).graphs[0]) == "v1"
-    assert default_lowering(block(head_dim=192, heads=2, kv_heads=1).graphs[0]) == "v1"
+    assert default_lowering(block(head_dim=192, heads=2, kv_heads=1).graphs[0]) == "v2"
     assert default_lowering(block(head_dim=256, heads=2, kv_heads=1).graphs[0]) == "v2"
 
     normed = tiny(lambda y, kc, vc, k_cache, w_n, pos: (fc.rms_norm(y, w_n, 1e-5), kc, vc))

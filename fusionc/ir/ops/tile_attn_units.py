@@ -110,27 +110,31 @@ def block_rows(group: int) -> int:
     return min(group, QBLOCK)
 
 
-FAST_HEAD_DIMS = "head_dim <= 128 or 256"   # others between 144 and 240 spill registers
+MAX_HEAD_DIM = {"f32": 192, "16-bit": 256}   # past them ptxas spills o (NVRTC 13, 2026-12-07)
 
 
 def unsupported(dtype: DType, heads: int, kv_heads: int, head_dim: int) -> list[str]:
     """Why the attention units cannot take this head geometry (empty: they can). The code
-    generator (``fusionc.codegen.attn_units``) and the default lowering both ask this."""
+    generator (``fusionc.codegen.attn_units``) and the default lowering both ask this.
+    :data:`MAX_HEAD_DIM`: o's accumulators take head_dim / 2 registers a lane; past 256
+    (16-bit) or 192 (f32, whose FMA path also holds q and K in registers) ptxas spills them."""
     bad = []
     if head_dim % 16:
         bad.append(f"head_dim {head_dim} (not a multiple of 16)")
-    if dtype == DType.f32 and not (head_dim <= 80 or head_dim == 128):
-        bad.append(f"f32 at head_dim {head_dim} (FMA: up to 80, or 128; ptxas spills the fp32 "
-                   "accumulators at 96 and 112 and above 128)")
+    if dtype == DType.f32 and head_dim > MAX_HEAD_DIM["f32"]:
+        bad.append(f"f32 at head_dim {head_dim} (FMA: up to {MAX_HEAD_DIM['f32']}; ptxas "
+                   "spills the fp32 accumulators above)")
     elif dtype not in (DType.f16, DType.bf16, DType.f32):
         bad.append(f"dtype {dtype} (f16 or bf16 on tensor cores, f32 by FMA)")
     return bad
 
 
 def fast(head_dim: int) -> bool:
-    """Whether the units keep their accumulators in registers at this head_dim (the default
-    lowering sends others to v1): :data:`FAST_HEAD_DIMS`."""
-    return head_dim <= 128 or head_dim == 256
+    """Whether the units keep their accumulators in registers at this head_dim in 16-bit (the
+    default lowering sends others to v1): up to :data:`MAX_HEAD_DIM` (the template's K/V copies
+    take a power of two of lanes a row, so their addresses stay affine: at head_dim 144-240
+    the earlier packed copies' hoisted addresses spilled)."""
+    return head_dim <= MAX_HEAD_DIM["16-bit"]
 
 
 def slots(max_batch: int, kv_heads: int, grid: int) -> int:   # grid: units at once
