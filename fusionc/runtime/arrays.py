@@ -104,7 +104,13 @@ def current_stream(torch_mode: bool):
     import cupy
     if not torch_mode:
         return cupy.cuda.get_current_stream()
-    key = (stream_getter(True)(), cupy.cuda.runtime.getDevice())
+    return external_stream(stream_getter(True)(), cupy.cuda.runtime.getDevice())
+
+
+def external_stream(handle: int, device: int):
+    """The CuPy stream of raw stream ``handle`` on ``device`` (made once per pair)."""
+    import cupy
+    key = (handle, device)
     s = _EXTERNAL.get(key)
     if s is None:
         import warnings

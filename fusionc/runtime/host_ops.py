@@ -115,8 +115,12 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
                 views[r.name] = local[r.name]
             return
         outs = [alloc(r) for r in op.results]
-        _compute(op, [views[v.name] for v in op.operands], outs[0][1], streams,
-                 lambda v: cg.scratch(v, f"{op.results[0].name}.{v.name}", env, torch_mode))
+
+        def temp(v):   # kept for the call (a capture keeps it for the graph's replays)
+            buf = cg.scratch(v, f"{op.results[0].name}.{v.name}", env, torch_mode)
+            streams.keep.append(buf[0])
+            return buf
+        compute(op, [views[v.name] for v in op.operands], outs[0][1], temp)
         for r, (obj, view) in zip(op.results, outs):
             objs[r.name], views[r.name] = obj, view
 
@@ -141,9 +145,10 @@ def bind_blocks(env: dict, sym: str, sizes: list[int], op) -> None:
                              valid=f"no input typed with {sym}.<i> (token_split names them)")
 
 
-def _compute(op, args: list, out, streams: Streams, temp) -> None:
-    """Run a row-wise host op into ``out``; ``temp(value)``: ``(buffer, view)`` of a scratch
-    buffer (the graph's, :meth:`CompiledGraph.scratch`: a capture allocates nothing)."""
+def compute(op, args: list, out, temp) -> None:
+    """Run a row-wise host op into ``out`` on the current CuPy stream (the general path and
+    the call plan, :mod:`fusionc.runtime.plan`); ``temp(value)``: ``(buffer, view)`` of a
+    scratch buffer (the graph's, :meth:`CompiledGraph.scratch`: a capture allocates nothing)."""
     dt = op.results[0].type.dtype.value
     if op.name == "library_call":
         library.gemm(args[0], args[1], out, op.operands[0].type.dtype.value, *args[2:],
@@ -153,8 +158,7 @@ def _compute(op, args: list, out, streams: Streams, temp) -> None:
     elif op.name == "rms_norm":   # over the last axis: [T, D], or [T, heads, D] (QK-norm)
         x, d = args[0], args[0].shape[-1]
         rows = x.size // d if d else 0
-        buf, ss = temp(Value("ss", TensorType(DType.f32, (rows, 1))))
-        streams.keep.append(buf)
+        _, ss = temp(Value("ss", TensorType(DType.f32, (rows, 1))))
         library.rms_norm(x.reshape(rows, d), args[1], op.attr("eps"), out.reshape(rows, d),
                          dt, ss)
     elif op.name == "silu_mul":

@@ -13,11 +13,14 @@ launches (:meth:`fusionc.runtime.launch.LoadedKernel.launcher`: one closure per 
 nothing is checked again because nothing it checked can have changed. A misaligned address
 changes the signature, so it takes the checked path and gets its error.
 
-Graphs of kernel launches, GEMMs without a bias (``library_call``) and collectives on the
-caller's stream (tensor-parallel layers without a token split) run fully planned. Graphs
-with a biased GEMM, other host ops or side-stream collectives, and calls given ``outputs=``,
-run the general path with the signature's checks and dims reused (:meth:`Plan.views`: CuPy views of
-torch arguments made without checks, cached per address).
+Graphs of kernel launches, GEMMs (``library_call``: cuBLAS called with raw pointers when
+there is no bias), row-wise CuPy ops (RMSNorm, SiLU, add, ...:
+:data:`fusionc.runtime.host_ops.HOST_COMPUTE`, each given views made once where the buffer
+is fixed) and collectives on the caller's stream (tensor-parallel layers without a token
+split) run fully planned. Graphs with views, prompt-chunk ops, the embedding or side-stream
+collectives, and calls given ``outputs=``, run the general path with the signature's checks
+and dims reused (:meth:`Plan.views`: CuPy views of torch arguments made without checks,
+cached per address).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ class Plan:
     """What one argument signature of a compiled graph fixes (see the module docstring).
 
     ``run`` is None unless every op of the host graph is one the planned path runs (launches,
-    GEMMs without a bias, collectives on the caller's stream); otherwise it is
+    GEMMs, row-wise CuPy ops, collectives on the caller's stream); otherwise it is
     ``run(cg, args, ptrs)`` for the arguments in parameter order and their device pointers.
     """
 
@@ -57,24 +60,26 @@ class Plan:
 
 
 def _plannable(op) -> bool:
-    """Whether the planned path runs host op ``op``: a launch, a GEMM without a bias, or a
-    collective on the caller's stream (a side-stream one needs the general path's events)."""
+    """Whether the planned path runs host op ``op``: a launch, a GEMM, a row-wise CuPy op
+    (:data:`fusionc.runtime.host_ops.HOST_COMPUTE`), or a collective on the caller's stream
+    (a side-stream one needs the general path's events)."""
     from fusionc.runtime.comm_ops import COMM_OPS
-    return op.name == "launch" or op.name == "library_call" and len(op.operands) == 2 or \
+    from fusionc.runtime.host_ops import HOST_COMPUTE
+    return op.name == "launch" or op.name in HOST_COMPUTE or \
         op.name in COMM_OPS and op.attr("stream") == 0
 
 
 def _planned_run(cg, env, torch_mode, device):
-    """The fast ``run(cg, args, ptrs)`` of a host graph of kernel launches, GEMMs without a
-    bias (``library_call``) and collectives on the caller's stream only; None for other
-    graphs."""
+    """The fast ``run(cg, args, ptrs)`` of a host graph of kernel launches, GEMMs, row-wise
+    CuPy ops and collectives on the caller's stream only; None for other graphs."""
+    from fusionc.runtime.comm_ops import COMM_OPS
     host = cg.host
     if not all(_plannable(op) for op in host.body):
         return None
     index = {p.name: i for i, p in enumerate(host.params)}
     allocs, steps = [], []
     fixed: dict = {}     # value name -> CuPy view of the graph's scratch buffer for it
-    current = [None]     # this call's arguments and outputs (read by the collectives' steps)
+    current = [None, None]   # this call's arguments and outputs, its CuPy stream (host steps)
 
     def output(v, r):   # result r's buffer (typed like v): per call, or the graph's scratch
         index[r.name] = len(host.params) + len(allocs)
@@ -88,10 +93,11 @@ def _planned_run(cg, env, torch_mode, device):
         return index[r.name]
 
     for op in host.body:
-        if op.name != "launch" and op.name != "library_call":   # a collective
+        if op.name != "launch" and not _fast_gemm(op):   # a collective or a CuPy op
             for r in op.results:
                 output(r, r)
-            steps.append(_comm_step(cg, op, env, torch_mode, index, fixed, current))
+            make = _comm_step if op.name in COMM_OPS else _host_step
+            steps.append(make(cg, op, env, torch_mode, index, fixed, current))
             continue
         if op.name == "library_call":
             steps.append(_gemm_step(op, env, device, index, output(op.result, op.result)))
@@ -112,6 +118,8 @@ def _planned_run(cg, env, torch_mode, device):
     stream_of = arrays.stream_getter(torch_mode)
     capturing = cupy.cuda.runtime.streamIsCapturing   # (arrays.is_capturing, one frame less)
 
+    on_cupy = any(op.name != "launch" and not _fast_gemm(op) for op in host.body)
+
     def run(cg, args, ptrs):
         stream = stream_of()
         current[0] = args
@@ -120,40 +128,90 @@ def _planned_run(cg, env, torch_mode, device):
             args.append(obj)
             ptrs.append(ptr)
         try:
-            for step in steps:
-                step(ptrs, stream)
+            if on_cupy:   # CuPy's kernels and the collectives: on the caller's stream
+                with arrays.external_stream(stream, device) as cs:
+                    current[1] = cs
+                    for step in steps:
+                        step(ptrs, stream)
+            else:
+                for step in steps:
+                    step(ptrs, stream)
         finally:   # the plan must not keep this call's buffers alive
-            current[0] = None
+            current[0] = current[1] = None
         if capturing(stream):  # the graph's replays write into these buffers
             cg._captured.append(tuple(args))
         return result(args)
     return run
 
 
-def _comm_step(cg, op, env, torch_mode, index, fixed, current):
-    """Collective ``op`` (:func:`fusionc.runtime.comm_ops.run_comm_op`) on the caller's stream:
-    its operands and results are the graph's scratch buffers (views made once), arguments
-    (views cached per address, as :meth:`Plan.views`) or this call's outputs. A block of no
-    rows is skipped, as the general path skips it."""
-    from fusionc.runtime.comm_ops import run_comm_op
+def _fast_gemm(op) -> bool:
+    """A GEMM without a bias: cuBLAS called with raw pointers (:func:`_gemm_step`)."""
+    return op.name == "library_call" and len(op.operands) == 2
+
+
+def _viewer(cg, index, fixed):
+    """``view(value)``: a function of one call's arguments and outputs (``objs``) giving the
+    CuPy view of host value ``value``: the graph's scratch buffer (views made once in
+    ``fixed``), an argument (views cached per address, as :meth:`Plan.views`) or this call's
+    output."""
     params = {p.name: p for p in cg.host.params}
     cache: dict = {}
 
-    def view(v, objs):
+    def view(v):
         got = fixed.get(v.name)
         if got is not None:
-            return got
-        p = params.get(v.name)
-        return arrays.unchecked_view(objs[index[v.name]], p or v,
-                                     cache if p is not None else None)
+            return lambda objs: got
+        i, p = index[v.name], params.get(v.name)
+        if p is not None:
+            return lambda objs: arrays.unchecked_view(objs[i], p, cache)
+        return lambda objs: arrays.unchecked_view(objs[i], v)
+    return view
+
+
+def _host_step(cg, op, env, torch_mode, index, fixed, current):
+    """Row-wise host op ``op`` (a CuPy kernel or a biased GEMM:
+    :func:`fusionc.runtime.host_ops.compute`) on the caller's stream, its buffers as in
+    :func:`_viewer`; its own scratch (RMSNorm's sums of squares) is the graph's, looked up once.
+    A block of no rows is skipped, as the general path skips it."""
+    from fusionc.runtime.host_ops import compute
+    view = _viewer(cg, index, fixed)
     if 0 in op.results[0].type.concrete(env):
         return lambda ptrs, stream: None
+    temps: dict = {}
+
+    def temp(v):
+        if v.name not in temps:
+            temps[v.name] = cg.scratch(v, f"{op.results[0].name}.{v.name}", env, torch_mode)
+        return temps[v.name]
+
+    ins, out = [view(v) for v in op.operands], view(op.results[0])
 
     def step(ptrs, stream):
         objs = current[0]
-        views = {v.name: view(v, objs) for v in op.operands}
-        run_comm_op(cg, op, views, {}, env, torch_mode, None, arrays.current_stream(torch_mode),
-                    lambda r: (objs[index[r.name]], view(r, objs)))
+        compute(op, [f(objs) for f in ins], out(objs), temp)
+    return step
+
+
+def _comm_step(cg, op, env, torch_mode, index, fixed, current):
+    """Collective ``op`` (:func:`fusionc.runtime.comm_ops.run_comm_op`) on the caller's stream,
+    its buffers as in :func:`_viewer`. A block of no rows is skipped, as the general path
+    skips it."""
+    from fusionc.runtime.comm_ops import run_comm_op
+    view = _viewer(cg, index, fixed)
+    if 0 in op.results[0].type.concrete(env):
+        return lambda ptrs, stream: None
+
+    ins = [(v.name, view(v)) for v in op.operands]
+    outs = {r.name: (index[r.name], view(r)) for r in op.results}
+
+    def step(ptrs, stream):
+        objs = current[0]
+
+        def result(r):
+            i, f = outs[r.name]
+            return objs[i], f(objs)
+        run_comm_op(cg, op, {n: f(objs) for n, f in ins}, {}, env, torch_mode, None,
+                    current[1], result)
     return step
 
 

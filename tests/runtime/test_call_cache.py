@@ -377,3 +377,37 @@ def test_collectives_on_the_callers_stream_are_planned(gpu, torch):
     cg.comm = None
     with pytest.raises(InputError, match="no communicator"):
         cg(**a)
+
+
+@pytest.mark.parametrize("torch", [False, True])
+def test_host_ops_are_planned(gpu, torch, monkeypatch):
+    """The library path's host ops (RMSNorm, a GEMM, SiLU, add: CuPy kernels and cuBLAS) run
+    from the plan after the first call, with the same buffers as the checked first call: the
+    arguments, the graph's scratch intermediates, and a new output buffer per call."""
+    import fusionc
+    from benchmarks.host_overhead_cpu import host_ops_graph
+    from fusionc.runtime import library
+    calls = []
+
+    def record(name):
+        def f(*args, **kw):
+            calls.append((name, tuple(a.data.ptr if hasattr(a, "data") else a for a in args)))
+        return f
+    for name in ("rms_norm", "silu", "add"):
+        monkeypatch.setattr(library, name, record(name))
+    monkeypatch.setattr(library._cublas(), "cublasGemmEx",
+                        lambda *a: calls.append(("gemm", (a[7], a[10], a[14]))) or 0)
+    cg = fusionc.compile(host_ops_graph(), max_batch=4, pipeline="fold-views,lower-library")
+    a = _args(cg, torch=torch)
+    (y1,), (y2,) = cg(**a), cg(**a)
+    (plan,) = cg._plans.values()
+    assert plan.run is not None and [c[0] for c in calls] == ["rms_norm", "gemm", "silu",
+                                                             "add"] * 2
+    first, second = calls[:4], calls[4:]
+    assert first[:3] == second[:3]   # x, the weights and the scratch intermediates
+    ptr = (lambda t: t.data_ptr()) if torch else (lambda t: t.data.ptr)
+    assert first[3][1][:2] == second[3][1][:2] and \
+        (first[3][1][2], second[3][1][2]) == (ptr(y1), ptr(y2)) and ptr(y1) != ptr(y2)
+    with pytest.raises(InputError, match="has shape"):   # a changed shape: the checked path
+        cg(**_args(cg, torch=torch, x=(FakeTensor((2, 512), "float16") if torch else
+                                       fake_cupy_array((2, 512), "float16"))))
