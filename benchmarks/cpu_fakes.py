@@ -61,12 +61,6 @@ class FakeDevice:
     def synchronize(self):
         pass
 
-    def __enter__(self):   # `with stream:` makes it current (the host ops run on it)
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
     def __enter__(self):
         return self
 

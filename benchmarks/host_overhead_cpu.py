@@ -2,7 +2,7 @@
 path of ``CompiledGraph.__call__`` against fake device arrays and a stubbed driver launch
 (``benchmarks/cpu_fakes.py``), per call, for one-kernel graphs, a two-kernel graph, a linear
 layer, a graph with collectives and a library-path graph of CuPy host ops (their kernels
-stubbed: :func:`stub_cupy_kernels`; the real ones run in ``benchmarks/host_overhead.py``).
+stubbed: :func:`stubbed_cupy_kernels`; the real ones run in ``benchmarks/host_overhead.py``).
 The figures are the Python
 path only: no driver launch, no PyTorch C++ attribute costs (``benchmarks/host_overhead.py``
 measures the real thing on the GPU).
@@ -15,6 +15,7 @@ Prints a Markdown table (last); with ``--profile CASE`` first the cProfile of th
 # no `from __future__ import annotations`: the DSL evaluates the annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -173,12 +174,38 @@ def profile(cg, args: dict, calls: int, top: int = 25) -> str:
 
 
 
-def stub_cupy_kernels() -> None:
-    """Make the CuPy kernels of the host ops no-ops (this process only): the library path's
-    figure is then fusionc's Python around them, without CuPy's own per-kernel call cost."""
+@contextlib.contextmanager
+def stubbed_cupy_kernels():
+    """The host ops' CuPy kernels as no-ops while inside: the library path's figure is then
+    fusionc's Python around them, without CuPy's own per-kernel call cost."""
     from fusionc.runtime import library
-    for name in ("rms_norm", "silu", "silu_mul", "add", "mul", "cast"):
-        setattr(library, name, lambda *args, **kw: None)
+    names = ("rms_norm", "silu", "silu_mul", "add", "mul", "cast")
+    saved = {n: getattr(library, n) for n in names}
+    for n in names:
+        setattr(library, n, lambda *args, **kw: None)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(library, n, f)
+
+
+def measure(name: str, cg, cu, args) -> list[dict]:
+    """The table rows of case ``name`` (torch, then CuPy arguments); ``cu``: the fake driver."""
+    if "collectives" in name:
+        cg.comm = FakeComm()
+    rows = []
+    for torch in (True, False):
+        a = fake_args(cg, args.batch, torch)
+        if args.profile and args.profile == name.split()[0] and torch:
+            print(f"## cProfile: {name}, {args.calls} calls, torch arguments")
+            print(profile(cg, a, args.calls))
+        n0 = cu.launches
+        us = per_call_us(cg, a, args.calls)
+        rows.append(dict(graph=name, args="torch" if torch else "cupy", kernels=kernels_of(cg),
+                         host_ops=len(cg.host.body) - kernels_of(cg),
+                         launches=round((cu.launches - n0) / (args.calls + 1)), us_per_call=us))
+    return rows
 
 
 def main():
@@ -195,24 +222,11 @@ def main():
         for name, (module, kw) in cases(args.batch).items():
             if args.only and args.only != name.split()[0]:
                 continue
-            if "library path" in name:   # CuPy's own kernels need a GPU: stubbed
-                stub_cupy_kernels()
-            cg = compile_case(module, kw)
-            if "collectives" in name:
-                cg.comm = FakeComm()
-            for torch in (True, False):
-                a = fake_args(cg, args.batch, torch)
-                if args.profile and args.profile == name.split()[0] and torch:
-                    print(f"## cProfile: {name}, {args.calls} calls, torch arguments")
-                    print(profile(cg, a, args.calls))
-                n0 = cu.launches
-                us = per_call_us(cg, a, args.calls)
-                rows.append(dict(graph=name, args="torch" if torch else "cupy",
-                                 kernels=kernels_of(cg),
-                                 host_ops=len(cg.host.body) - kernels_of(cg),
-                                 launches=round((cu.launches - n0) / (args.calls + 1)),
-                                 us_per_call=us))
-            assert isinstance(cg, CompiledGraph)
+            # CuPy's own kernels need a GPU: stubbed for the library path
+            with stubbed_cupy_kernels() if "library path" in name else contextlib.nullcontext():
+                cg = compile_case(module, kw)
+                assert isinstance(cg, CompiledGraph)
+                rows += measure(name, cg, cu, args)
     print(table(rows, ["graph", "args", "kernels", "host_ops", "launches", "us_per_call"]))
 
 

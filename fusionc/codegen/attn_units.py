@@ -37,24 +37,31 @@ def attn_op(kernel: Graph) -> Op | None:
     return next((op for op in kernel.body if op.name == "attn_units"), None)
 
 
+def ring_fit(head_dim: int, itemsize: int, group: int, threads: int,
+             max_batch: int = 1) -> tuple[int, int]:
+    """(cp.async stages per warp, shared-memory bytes) of the template's layout for a group of
+    ``group`` query heads per KV head: the warps' rings ([W][stages][32 rows][D + 8]), the q
+    rows ([16][D + 8]), the new k and v, fp32 q/k/v, m/l, RoPE's cos and sin (D), the plan's
+    sums (2 · WAVES + W) and the unit prefix (4 B a row). Fewer than 2 stages: it does not fit
+    (the default lowering asks this too: ``fusionc.lower.attention_v2.covers``)."""
+    d, warps, gu = head_dim, threads // 32, block_rows(group)
+    step = 2 * 16 * (d + 8) * itemsize
+    rest = 16 * (d + 8) * itemsize + 2 * d * itemsize + \
+        4 * ((gu + 3) * d + 2 * gu + 2 * WAVES + warps + max_batch + 2)
+    stages = min(MAX_STAGES, (SMEM_LIMIT - rest) // (warps * step))
+    return stages, warps * stages * step + rest
+
+
 def geometry(op: Op, threads: int, max_batch: int) -> dict:
     """G, D, H, KVH, S of the op, the cp.async stages per warp and the shared-memory bytes of
-    the template's layout: the warps' rings ([W][stages][32 rows][D + 8]), the q rows
-    ([16][D + 8]), the new k and v, fp32 q/k/v, m/l, RoPE's cos and sin (D), the plan's sums
-    (2 · WAVES + W) and the unit prefix."""
+    the template's layout (:func:`ring_fit`)."""
     kc, o = op.operands[1].type, op.operands[5].type
     _, S, kvh, d = kc.shape
     heads = o.shape[1] // d
-    isz = kc.dtype.itemsize
-    warps = threads // 32
-    step = 2 * 16 * (d + 8) * isz
     g = heads // kvh
-    gu = block_rows(g)
-    rest = 16 * (d + 8) * isz + 2 * d * isz + \
-        4 * ((gu + 3) * d + 2 * gu + 2 * WAVES + warps + max_batch + 2)
-    stages = min(MAX_STAGES, (SMEM_LIMIT - rest) // (warps * step))
-    return dict(G=g, GU=gu, QB=q_blocks(g), D=d, H=heads, KVH=kvh, S=S, stages=stages,
-                smem=warps * stages * step + rest)
+    stages, smem = ring_fit(d, kc.dtype.itemsize, g, threads, max_batch)
+    return dict(G=g, GU=block_rows(g), QB=q_blocks(g), D=d, H=heads, KVH=kvh, S=S,
+                stages=stages, smem=smem)
 
 
 def _check(kernel: Graph, op: Op, geo: dict) -> None:

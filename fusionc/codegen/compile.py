@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from fusionc.codegen.context import CodegenOptions
 from fusionc.codegen.generate import generate_cuda
 from fusionc.codegen.source import KernelSource
+from fusionc.errors import CompileError
+from fusionc.ir.kernel import SMEM_LIMIT
 from fusionc.ir.nodes import Graph
 from fusionc.runtime import cache
 from fusionc.runtime.nvrtc import KernelStats, compile_cubin
@@ -61,10 +63,25 @@ def compile_kernel(kernel: Graph | KernelSource, options: CodegenOptions | None 
             (``fusionc.runtime.nvrtc.NVRTCError``, a CompileError, with NVRTC's log).
     """
     src = kernel if isinstance(kernel, KernelSource) else generate_cuda(kernel, options)
+    _check_smem(src, src.smem_bytes)   # before NVRTC: the dynamic part alone may not fit
     name = f"{src.name}.cu"
     if use_cache:
         result, cached = cache.compile_cached(src.source, ARCH, name=name)
     else:
         result, cached = compile_cubin(src.source, name=name, arch=ARCH), False
     stats = result.kernels.get(src.name, KernelStats(src.name))
-    return CompiledKernel(src, result.cubin, stats, result.log, cached)
+    ck = CompiledKernel(src, result.cubin, stats, result.log, cached)
+    _check_smem(src, ck.smem_bytes)   # with the static part
+    return ck
+
+
+def _check_smem(src: KernelSource, smem: int) -> None:
+    """CompileError naming the kernel when ``smem`` bytes exceed a CTA's limit (its launch
+    would fail)."""
+    if smem > SMEM_LIMIT:
+        k = src.kernel
+        raise CompileError(f"kernel {src.name} needs {smem} B of shared memory",
+                           op=k.name if k is not None else src.name,
+                           loc=getattr(k, "loc", None),
+                           valid=f"at most {SMEM_LIMIT} B a CTA on sm_90 (smaller sizes: "
+                                 "fewer rows, a smaller hidden size, or the library path)")

@@ -11,8 +11,9 @@ from fusionc.commands.check import (  # noqa: F401  (public here: fusionc.tune, 
 
 _EPILOG = """\
 writes into DIR:
-  <graph>.0-input.fir, <graph>.1-fuse-allreduce-norm.fir, ...  the IR after each pass
-    (lowering v2: <graph>.1-fold-views.fir ... <graph>.6-smem-plan.fir)
+  <graph>.0-input.fir, <graph>.1-fold-views.fir, ...  the IR after each pass of the graph's
+    pipeline (lowering v2's fused kernels: ... <graph>.6-smem-plan.fir; v1's start
+    <graph>.1-fuse-allreduce-norm.fir)
   <kernel>.cu, <kernel>.cubin                                 CUDA source and sm_90a cubin
 and prints per kernel: grid, cluster size, threads, registers, shared memory, spills; then the
 simulator check ("checking @GRAPH ..." as it starts): the lowered module run by the tile-IR
@@ -180,7 +181,7 @@ def _compile_kernels(lowered, name: str, out: pathlib.Path, done: set, only_laun
     from fusionc.codegen.compile import compile_kernel
     from fusionc.comm.kernel import compile_spec
     from fusionc.comm.kernel import render as render_comm
-    from fusionc.runtime.compiled import check_launches_only
+    from fusionc.runtime.compile_args import check_launches_only
     host = lowered[name]
     check_launches_only(host)
     specs = comm_specs(host)   # before any kernel: size errors come first

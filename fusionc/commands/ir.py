@@ -109,30 +109,40 @@ def _pipelines(module, args) -> dict[str, str]:
     """The pipeline of each graph of ``module`` (by name): ``--passes``; else as
     ``fusionc.compile`` picks it for that graph alone (``--lowering auto``:
     :func:`fusionc.runtime.pipelines.default_lowering`; v2:
-    :func:`fusionc.runtime.pipelines.v2_default_pipeline` at ``--max-batch``; v1:
-    ``DEFAULT_PIPELINE``). Graphs other than host graphs follow the first one."""
-    from fusionc.passes import DEFAULT_PIPELINE
-    from fusionc.runtime.pipelines import default_lowering, v2_default_pipeline
+    :func:`fusionc.runtime.pipelines.v2_default_pipeline`; v1:
+    :func:`fusionc.runtime.pipelines.pipeline_for`; at ``--max-batch`` and ``--kv-len``). A
+    module that already holds kernels (a lowered .fir) runs as one: its first host graph's."""
+    from fusionc.runtime.pipelines import default_lowering, pipeline_for, v2_default_pipeline
     mb = getattr(args, "max_batch", None) or 8
     lowering = getattr(args, "lowering", "auto")
     out = {}
     for g in module.graphs:
-        if args.passes:
-            out[g.name] = args.passes
-        elif g.kind != "graph":
-            out[g.name] = next(iter(out.values()), DEFAULT_PIPELINE)
-        else:
-            low = default_lowering(g, max_batch=mb) if lowering == "auto" else lowering
-            out[g.name] = v2_default_pipeline(g, mb) if low == "v2" else DEFAULT_PIPELINE
+        if args.passes or g.kind != "graph":
+            continue
+        low = default_lowering(g, max_batch=mb) if lowering == "auto" else lowering
+        out[g.name] = v2_default_pipeline(g, mb) if low == "v2" else \
+            pipeline_for(g, mb, kv_len=getattr(args, "kv_len", None))
+    if args.passes or any(g.kind != "graph" for g in module.graphs):
+        first = args.passes or next(iter(out.values()), None)
+        if first is None:
+            from fusionc.passes import DEFAULT_PIPELINE
+            first = DEFAULT_PIPELINE
+        return {g.name: first for g in module.graphs}
     return out
 
 
-def _no_such_pass(module, args, names: list) -> None:
-    """PassError: no graph's pipeline has ``--after``'s pass (``names``: one pipeline's)."""
+def _no_such_pass(module, args, skipped: list) -> None:
+    """PassError: no graph's pipeline has ``--after``'s pass (``skipped``: each group's
+    ``(module, names, passes)``)."""
     from fusionc.errors import PassError
+    from fusionc.passes import DEFAULT_PIPELINE
+    names = list(dict.fromkeys(p for _, _, at in skipped for p in at))
     why = ""
     if "lower-library" in names and not args.passes:
         why = _library_why(module, names, getattr(args, "max_batch", None) or 8)
+    elif not args.passes and getattr(args, "lowering", "auto") != "v1" and \
+            args.after in DEFAULT_PIPELINE.split(","):
+        why = " (it is a pass of lowering v1: add --lowering v1)"
     raise PassError(f"--after {args.after}: no such pass in the pipeline{why}",
                     valid=", ".join(names))
 
@@ -178,7 +188,7 @@ def run_passes(module, args):
             passes = passes[:at.index(args.after) + 1]
         done.append(run_pipeline(part, passes))
     if not done:
-        _no_such_pass(module, args, skipped[0][2])
+        _no_such_pass(module, args, skipped)
     for part, names, at in skipped:
         print(f"fusionc: note: {', '.join('@' + n for n in names)} shown as traced: "
               f"its pipeline has no {args.after} ({','.join(at)})", file=sys.stderr)

@@ -113,9 +113,13 @@ def _check_sizes(build, sizes: dict, p: Path) -> None:
             raise DSLError(f"size {name} = {value!r} for build() of {p}",
                            valid=f"{'an integer' if kind == 'int' else 'a number'} "
                                  f"(build() declares {name}: {kind})")
-        if want in (int, "int") and _positive(default) and value < 1:
+        if want in (int, "int") and _positive(default) and not 1 <= value <= MAX_SIZE:
             raise DSLError(f"size {name} = {value!r} for build() of {p}",
-                           valid=f"a positive integer (the default is {default})")
+                           valid=f"a positive integer up to {MAX_SIZE} (the kernels index "
+                                 f"with 32-bit sizes; the default is {default})")
+
+
+MAX_SIZE = 2**31 - 1   # sizes reach the kernels as 32-bit ints
 
 
 def _positive(v) -> bool:

@@ -29,7 +29,10 @@ def covers(g: Graph) -> bool:
     """Whether lowering v2 takes every attention of graph ``g``: each ``decode_attention`` is
     the core of a matched block (:func:`attention_cores`) of a geometry the units take at
     speed (:func:`fusionc.ir.ops.tile_attn_units.fast`), f32 (by FMA) and groups of more than
-    16 query heads per KV head (by query blocks) included."""
+    16 query heads per KV head (by query blocks) included, whose rings fit in shared memory
+    (:func:`fusionc.codegen.attn_units.ring_fit`: not f32 at head_dim 192 with 16-head
+    blocks)."""
+    from fusionc.codegen.attn_units import ring_fit
     atts = [op for op in g.body if op.name == "decode_attention"]
     cores = attention_cores(g)
     if len(cores) != len(atts):
@@ -38,7 +41,9 @@ def covers(g: Graph) -> bool:
         q, kc = c.attention.operands[0].type, c.caches[0].type
         if not all(isinstance(x, int) for x in (q.shape[1], *kc.shape[1:])) or \
                 unsupported(q.dtype, q.shape[1], kc.shape[2], kc.shape[3]) or \
-                not fast(kc.shape[3]):
+                not fast(kc.shape[3]) or \
+                ring_fit(kc.shape[3], kc.dtype.itemsize, q.shape[1] // kc.shape[2],
+                         threads(kc.shape[3], kc.dtype))[0] < 2:
             return False
     return True
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 
-from fusionc.errors import CompileError, InputError
+from fusionc.errors import InputError
 from fusionc.ir.nodes import Graph, Module, Value
 from fusionc.runtime import arrays
+from fusionc.runtime.compile_args import (check_kinds, check_options, check_split_options,
+                                          pick_graph, tuned_v1, tuned_v2, check_launches_only)
 from fusionc.runtime.plan import tuple_getter
 from fusionc.runtime.pipelines import (chunk_graph, default_lowering, pipeline_for, prefill,
                                        v2_default_pipeline)
@@ -78,9 +80,9 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     from fusionc.codegen.compile import compile_kernel
     from fusionc.ir.fp32 import check_fp32_attrs
     from fusionc.passes import run_pipeline
-    _check_options(program, max_batch, kv_len, cluster)
-    _check_split_options(split_tokens, min_split_tokens, side_ctas)
-    codegen = _check_kinds(codegen, progress, pipeline, pdl, autotune)
+    check_options(program, max_batch, kv_len, cluster)
+    check_split_options(split_tokens, min_split_tokens, side_ctas)
+    codegen = check_kinds(codegen, progress, pipeline, pdl, autotune)
     if lowering == "auto":   # the CLI's name for the default
         lowering = None
     if lowering is not None and lowering not in LOWERINGS:
@@ -93,7 +95,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
                          valid="cluster = 0 and scheme = 'auto': options of lowering v1's "
                                "cluster kernels")
     module = program if isinstance(program, Module) else Module((program,))
-    name = _pick(module, graph)
+    name = pick_graph(module, graph)
     check_fp32_attrs(module[name])
     if lowering is None:
         lowering = "v1" if pipeline is not None else \
@@ -103,12 +105,12 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
                          valid="the default lowering (v2's library path runs it); v1 has no "
                                "cluster kernel for chunks")
     if lowering == "v2" and pipeline is None:
-        pipeline = _tuned_v2(module[name], max_batch, kv_len, autotune, split_tokens) or \
+        pipeline = tuned_v2(module[name], max_batch, kv_len, autotune, split_tokens) or \
             v2_default_pipeline(module[name], max_batch, split_tokens, min_split_tokens)
     if pipeline is None and codegen is None and cluster == 0 and scheme == "auto" and \
             not prefill(module[name], max_batch):   # tuning is for the decode kernels
 
-        choice = _tuned(module[name], max_batch, kv_len, autotune)
+        choice = tuned_v1(module[name], max_batch, kv_len, autotune)
         if choice is not None:
             cluster, scheme, codegen = choice
     if pdl:
@@ -131,123 +133,6 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
 
 
 LOWERINGS = ("v1", "v2")
-
-
-def _check_options(program, max_batch, kv_len, cluster) -> None:
-    if not isinstance(program, (Module, Graph)):
-        raise InputError(f"cannot compile a {type(program).__name__}",
-                         valid="a fusionc.ir.Module or Graph (a @fusionc.graph function, or "
-                               "fusionc.dsl.loader.load_file(path))")
-    for name, v in (("max_batch", max_batch), ("kv_len", kv_len)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise InputError(f"{name} = {v!r}", valid=f"a positive integer {name}")
-
-
-def _check_kinds(codegen, progress, pipeline, pdl, autotune):
-    """InputError for arguments of :func:`compile` of the wrong type; returns ``codegen`` as
-    CodegenOptions (or None), parsing its string form."""
-    from fusionc.codegen import CodegenOptions
-    from fusionc.codegen.context import parse_codegen_options
-    if isinstance(codegen, str):
-        codegen = parse_codegen_options(codegen)
-    if codegen is not None and not isinstance(codegen, CodegenOptions):
-        raise InputError(f"codegen = {codegen!r}", valid="None, a fusionc.codegen."
-                         "CodegenOptions, or a string such as 'gemv_unroll=8'")
-    if progress is not None and not callable(progress):
-        raise InputError(f"progress = {progress!r}", valid="None or a callable(str), e.g. print")
-    if pipeline is not None and not isinstance(pipeline, str):
-        raise InputError(f"pipeline = {pipeline!r}", valid='None or a pipeline string such as '
-                         '"partition-cluster{size=4},fuse"')
-    for name, v in (("pdl", pdl), ("autotune", autotune)):
-        if not isinstance(v, bool):
-            raise InputError(f"{name} = {v!r}", valid="True or False")
-    return codegen
-
-
-def _check_split_options(split_tokens, min_split_tokens, side_ctas) -> None:
-    """InputError unless the token-split options of :func:`compile` are in range."""
-    from fusionc.ir.ops.tokens import MAX_PARTS
-    for name, v, lo, hi in (("split_tokens", split_tokens, 1, MAX_PARTS),
-                            ("min_split_tokens", min_split_tokens, 0, None),
-                            ("side_ctas", side_ctas, 1, 256)):
-        if v is None and name == "split_tokens":
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi and v > hi):
-            raise InputError(f"{name} = {v!r}", valid=f"an integer from {lo}" +
-                             (f" to {hi}" if hi else ""))
-
-
-def _tuned(g: Graph, max_batch: int, kv_len: int, search: bool):
-    """(cluster, scheme, CodegenOptions) stored for this graph and GPU, searched first when
-    ``search`` and nothing is stored; None to let the cost model decide."""
-    from fusionc.codegen import CodegenOptions
-    from fusionc.tune import autotune, lookup
-    hit = lookup(g, max_batch, kv_len)
-    if hit is None and search:
-        best, _ = autotune(g, max_batch, kv_len)
-        hit = {"cluster": best.cluster, "scheme": best.scheme, "gemv_unroll": best.gemv_unroll}
-    if hit is None:
-        return None
-    return hit["cluster"], hit["scheme"], CodegenOptions(gemv_unroll=hit["gemv_unroll"])
-
-
-def _tuned_v2(g: Graph, max_batch: int, kv_len: int, search: bool, split_tokens) -> str | None:
-    """The pipeline of the v2 choice stored for this graph and GPU (searched first when
-    ``search`` and nothing is stored); None to let the cost table decide (also with
-    ``split_tokens``, a library-path option)."""
-    from fusionc.tune import autotune, lookup
-    from fusionc.tune.search import V2Choice
-    if split_tokens is not None:
-        return None
-    hit = lookup(g, max_batch, kv_len, lowering="v2")
-    if hit is None and search:
-        best, _ = autotune(g, max_batch, kv_len, lowering="v2")
-        hit = {"path": best.path, "chain": best.chain}
-    if hit is None:
-        return None
-    return V2Choice(hit["path"], hit["chain"]).compile_kwargs(g, max_batch)["pipeline"]
-
-
-def check_launches_only(host: Graph) -> None:
-    """CompileError unless every op of the lowered host graph is a kernel launch, a
-    tensor-parallel collective or a host op (:data:`fusionc.runtime.host_ops.HOST_OPS`) of a
-    float dtype, with RMSNorm over rows ``[T, D]``."""
-    from fusionc.ir.types import DType
-    from fusionc.runtime.host_ops import HOST_COMPUTE, HOST_OPS, HOST_VIEWS
-    for op in host.body:
-        if op.name != "launch" and op.name not in HOST_OPS:
-            raise CompileError("op is neither part of a fused kernel nor run by a library",
-                               op=op.name, loc=op.loc,
-                               valid="attention and MLP blocks (fused kernels); linear (with "
-                                     "a bias or not), RMSNorm, SiLU, SiLU·mul, add, mul, cast, "
-                                     "embedding, feature splits and collectives (library "
-                                     "path, many tokens)")
-        if op.name in HOST_OPS and op.results and (
-                op.name not in HOST_VIEWS and
-                op.results[0].type.dtype.value not in ("f16", "bf16", "f32") or
-                op.name in HOST_COMPUTE and any(v.type.dtype.value not in ("f16", "bf16", "f32")
-                                                for v in op.operands) or
-                op.name == "library_call" and op.operands[0].type.rank != 2 or
-                op.name == "rms_norm" and op.operands[0].type.rank < 2 or
-                op.name == "library_call" and op.results[0].type.dtype not in
-                (op.operands[0].type.dtype, DType.f32)):
-            raise CompileError(f"'{op.name}' on {op.operands[0].type}", op=op.name,
-                               loc=op.loc, valid="f16, bf16 or f32 rows [T, D] (RMSNorm: "
-                                                 "[T, ..., D]); a GEMM's out_dtype that of x "
-                                                 "or f32 (cuBLAS)")
-    if not host.body:
-        raise CompileError("the graph has no attention or MLP block to compile", op=host.name,
-                           loc=host.loc, valid="a graph with decode_attention or silu_mul")
-
-
-def _pick(module: Module, graph: str | None) -> str:
-    graphs = [g.name for g in module.graphs if g.kind == "graph"]
-    if graph is None and len(graphs) == 1:
-        return graphs[0]
-    if graph in graphs:
-        return graph
-    raise InputError(f"which graph? {'no graph ' + repr(graph) if graph else 'several'}",
-                     valid="graph= one of " + ", ".join(graphs))
 
 
 class CompiledGraph:

@@ -21,7 +21,7 @@ from fusionc.errors import InputError
 from fusionc.ir.ops.tokens import LIBRARY_OPS, SPLIT_ATTRS, part_symbol, split_sizes
 from fusionc.ir.nodes import Value
 from fusionc.ir.types import DType, TensorType
-from fusionc.runtime import arrays, library
+from fusionc.runtime import library
 from fusionc.runtime.comm_ops import COMM_OPS
 
 HOST_OPS = LIBRARY_OPS | frozenset({"token_split", "token_concat"})

@@ -80,6 +80,8 @@ def _planned_run(cg, env, torch_mode, device):
     allocs, steps = [], []
     fixed: dict = {}     # value name -> CuPy view of the graph's scratch buffer for it
     current = [None, None]   # this call's arguments and outputs, its CuPy stream (host steps)
+    kept: list = []          # scratch buffers the steps use (a capture keeps them too: a
+    #                          larger batch may regrow the graph's own)
 
     def output(v, r):   # result r's buffer (typed like v): per call, or the graph's scratch
         index[r.name] = len(host.params) + len(allocs)
@@ -88,6 +90,7 @@ def _planned_run(cg, env, torch_mode, device):
         else:   # an intermediate: the graph's scratch buffer (CompiledGraph.scratch)
             obj, view = cg.scratch(v, r.name, env, torch_mode)
             fixed[r.name] = view
+            kept.append(obj)
             ptr = obj.data_ptr() if torch_mode else obj.data.ptr
             allocs.append(lambda obj=obj, ptr=ptr: (obj, ptr))
         return index[r.name]
@@ -96,8 +99,10 @@ def _planned_run(cg, env, torch_mode, device):
         if op.name != "launch" and not _fast_gemm(op):   # a collective or a CuPy op
             for r in op.results:
                 output(r, r)
-            make = _comm_step if op.name in COMM_OPS else _host_step
-            steps.append(make(cg, op, env, torch_mode, index, fixed, current))
+            if op.name in COMM_OPS:
+                steps.append(_comm_step(cg, op, env, torch_mode, index, fixed, current))
+            else:
+                steps.append(_host_step(cg, op, env, torch_mode, index, fixed, current, kept))
             continue
         if op.name == "library_call":
             steps.append(_gemm_step(op, env, device, index, output(op.result, op.result)))
@@ -139,7 +144,7 @@ def _planned_run(cg, env, torch_mode, device):
         finally:   # the plan must not keep this call's buffers alive
             current[0] = current[1] = None
         if capturing(stream):  # the graph's replays write into these buffers
-            cg._captured.append(tuple(args))
+            cg._captured.append(tuple(args) + tuple(kept))
         return result(args)
     return run
 
@@ -168,10 +173,11 @@ def _viewer(cg, index, fixed):
     return view
 
 
-def _host_step(cg, op, env, torch_mode, index, fixed, current):
+def _host_step(cg, op, env, torch_mode, index, fixed, current, kept):
     """Row-wise host op ``op`` (a CuPy kernel or a biased GEMM:
     :func:`fusionc.runtime.host_ops.compute`) on the caller's stream, its buffers as in
-    :func:`_viewer`; its own scratch (RMSNorm's sums of squares) is the graph's, looked up once.
+    :func:`_viewer`; its own scratch (RMSNorm's sums of squares) is the graph's, looked up once
+    and listed in ``kept`` (a captured call keeps it, as the general path's ``Streams.keep``).
     A block of no rows is skipped, as the general path skips it."""
     from fusionc.runtime.host_ops import compute
     view = _viewer(cg, index, fixed)
@@ -182,6 +188,7 @@ def _host_step(cg, op, env, torch_mode, index, fixed, current):
     def temp(v):
         if v.name not in temps:
             temps[v.name] = cg.scratch(v, f"{op.results[0].name}.{v.name}", env, torch_mode)
+            kept.append(temps[v.name][0])
         return temps[v.name]
 
     ins, out = [view(v) for v in op.operands], view(op.results[0])

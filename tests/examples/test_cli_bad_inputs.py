@@ -189,7 +189,8 @@ def test_graph_named_like_a_generated_kernel(capsys, tmp_path):
 @pytest.mark.parametrize("size, fragment", [
     ("heads=0", "size heads = 0"), ("max_seq=0", "size max_seq = 0"),
     ("head_dim=0", "size head_dim = 0"), ("hidden=-4", "size hidden = -4"),
-    ("hidden=True", "size hidden = True"), ("eps=True", "size eps = True")])
+    ("hidden=True", "size hidden = True"), ("eps=True", "size eps = True"),
+    ("hidden=99999999999999999999", "up to 2147483647")])
 def test_bad_sizes_are_named(capsys, size, fragment):
     code, out, err = run_cli(capsys, "ir", LLAMA2, "-D", size)
     assert code == 1 and out == "" and fragment in err and "valid:" in err, err
@@ -225,6 +226,19 @@ def test_ir_default_lowering_is_compiles(capsys):
     code, _, err = run_cli(capsys, "ir", *GRAPHS_V2, "--after", "partition-cluster",
                            "--graph", "swiglu")
     assert code == 1 and "no such pass" in err and "partition-units" in err, err
+    assert "it is a pass of lowering v1: add --lowering v1" in err, err
+
+
+def test_ir_after_a_pass_on_a_lowered_module_names_it(capsys, tmp_path):
+    """A lowered .fir runs as one module (its kernels with the graph that launches them):
+    the pass that would lower it again says so."""
+    code, out, err = run_cli(capsys, "ir", *GRAPHS_V2, "--after", "smem-plan", "--graph",
+                             "swiglu")
+    assert code == 0, err
+    f = tmp_path / "swiglu.fir"
+    f.write_text(out)
+    code, _, err = run_cli(capsys, "ir", str(f), "--after", "smem-plan")
+    assert code == 1 and "already lowered" in err and err.count("\n") == 1, err
 
 
 def test_compile_with_passes_does_not_run_the_v1_matcher(capsys, tmp_path, tmp_cache):
@@ -281,3 +295,13 @@ def test_mla_compiles_on_lowering_v2_by_default(capsys, tmp_path, tmp_cache):
     stages = sorted(p.name for p in tmp_path.glob("attention.*.fir"))
     assert "attention.1-fold-views.fir" in stages, stages
     assert any("mla_units(" in (tmp_path / s).read_text() for s in stages), stages
+
+
+def test_a_kernel_past_the_shared_memory_limit_is_named(capsys, tmp_path):
+    """A size whose fused kernel needs more shared memory than a CTA has is refused at compile
+    time, naming the kernel (before, it compiled and would have failed at launch)."""
+    code, _, err = run_cli(capsys, "compile", LLAMA2, "-D", "hidden=1048576", "--graph", "mlp",
+                           "--no-check", "-o", tmp_path)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "compile error: 'mlp_k1': kernel fusionc_mlp_k1 needs" in err and \
+        "at most 232448 B" in err, err

@@ -170,6 +170,12 @@ def test_units_refuse_f32_past_head_dim_192_by_name():
         assert e.value.op == "attn_units"
     assert default_lowering(block("f32", head_dim=192).graphs[0], max_batch=2) == "v2"
     assert default_lowering(block("f32", head_dim=208).graphs[0], max_batch=2) == "v1"
+    # 16-head blocks at head_dim 192: two stages of the four warps' rings do not fit
+    wide = block("f32", head_dim=192, heads=32, kv_heads=2, hidden=64)
+    assert default_lowering(wide.graphs[0], max_batch=4) == "v1"
+    fc.compile(wide, max_batch=4)   # v1 takes it
+    assert default_lowering(block("f32", head_dim=176, heads=32, kv_heads=2,
+                                  hidden=64).graphs[0], max_batch=4) == "v2"
 
 
 @pytest.mark.parametrize("dtype,kw", [("f16", dict(head_dim=128, heads=32, kv_heads=8)),

@@ -411,3 +411,32 @@ def test_host_ops_are_planned(gpu, torch, monkeypatch):
     with pytest.raises(InputError, match="has shape"):   # a changed shape: the checked path
         cg(**_args(cg, torch=torch, x=(FakeTensor((2, 512), "float16") if torch else
                                        fake_cupy_array((2, 512), "float16"))))
+    cpu_fakes.STREAM.capturing = True
+    try:
+        cg(**a)
+    finally:
+        cpu_fakes.STREAM.capturing = False
+    kept = {o.data_ptr() if hasattr(o, "data_ptr") else o.data.ptr for o in cg._captured[-1]}
+    ss, h = first[0][1][5], first[1][1][2]   # RMSNorm's sums of squares, the GEMM's output
+    assert {ss, h} <= kept   # a capture keeps the plan's scratch buffers alive
+
+
+def test_biased_linear_is_planned(gpu, monkeypatch):
+    """A GEMM with a bias (cuBLAS after the bias's broadcast) runs from the plan too."""
+    import fusionc as fc
+    from fusionc.runtime import library
+    T = fc.dtype("f16")
+
+    @fc.graph
+    def lin(x: T["B", 256], w: T[128, 256], b: T[128]):
+        return fc.linear(x, w, b)
+    calls = []
+    monkeypatch.setattr(library, "gemm", lambda x, w, out, dt, *rest, **kw: calls.append(
+        (x.data.ptr, w.data.ptr, out.data.ptr, rest[0].data.ptr, dt, kw)))
+    g = fc.compile(lin, max_batch=4, pipeline="fold-views,lower-library")
+    x, w, b = (fake_cupy_array(s, "float16") for s in ((3, 256), (128, 256), (128,)))
+    (y1,), (y2,) = g(x, w, b), g(x, w, b)
+    (plan,) = g._plans.values()
+    assert plan.run is not None and len(calls) == 2
+    assert calls[0][:2] == calls[1][:2] == (x.data.ptr, w.data.ptr)
+    assert (calls[0][2], calls[1][2]) == (y1.data.ptr, y2.data.ptr) and calls[0][3:] == calls[1][3:]
