@@ -76,6 +76,10 @@ def compile_main(args) -> int:
     """
     from fusionc.commands.ir import load, parse_sizes
     from fusionc.ir.fp32 import check_fp32_attrs
+    if getattr(args, "passes", None) is not None and not args.passes.strip():
+        from fusionc.errors import InputError
+        raise InputError(f"--passes {args.passes!r}", valid='a pipeline, e.g. --passes '
+                         '"partition-units{max_batch=8},stream-plan", or none (the default)')
     module = load(args.source, parse_sizes(args.sizes))
     check_fp32_attrs(module)   # fp32 on the GPU and in the check's arithmetic
     graphs = _chosen_graphs(module, args)
@@ -144,8 +148,11 @@ def _lower(g, args, out: pathlib.Path):
         lowering = default_lowering(g, args.cluster, args.scheme, max_batch)
     if lowering == "v2" and (args.cluster or args.scheme != "auto"):
         from fusionc.errors import InputError
-        raise InputError(f"--cluster {args.cluster} / --scheme {args.scheme} with --lowering v2",
-                         valid="drop them: options of lowering v1's cluster kernels")
+        given = " ".join(f for f, on in ((f"--cluster {args.cluster}", args.cluster),
+                                          (f"--scheme {args.scheme}", args.scheme != "auto"))
+                         if on)
+        raise InputError(f"{given} with --lowering v2",
+                         valid="drop it: an option of lowering v1's cluster kernels")
     _remove_stale_stages(out, g.name)
     write_file(out / f"{g.name}.0-input.fir", print_module(Module((g,))))   # checked first
     if args.passes:   # the default is not computed: its matcher may refuse what --passes takes

@@ -54,6 +54,12 @@ def setup(p):
 
     def run(args):
         from fusionc.ir import print_graph, print_module
+        for flag, v in (("--after", args.after), ("--passes", args.passes)):
+            if v is not None and not v.strip():
+                from fusionc.errors import InputError
+                raise InputError(f"{flag} {v!r}", valid="a pass name, e.g. --after smem-plan"
+                               if flag == "--after" else 'a pipeline, e.g. --passes '
+                               '"partition-units{max_batch=8},stream-plan"')
         module = load(args.source, parse_sizes(args.sizes))
         if args.graph in module.names and (args.after or args.passes):
             from fusionc.ir import Module

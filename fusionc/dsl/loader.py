@@ -128,6 +128,14 @@ def _positive(v) -> bool:
 
 
 def _call(build, sizes: dict, p: Path):
+    missing = [n for n, q in inspect.signature(build).parameters.items()
+               if q.default is q.empty and q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)
+               and n not in sizes]
+    if missing:   # a size without a default: the caller must give it
+        raise DSLError(f"build() of {p} needs size{'s' if len(missing) > 1 else ''} "
+                       f"{', '.join(missing)}", loc=Loc(str(p), build.__code__.co_firstlineno),
+                       valid=" ".join(f"-D {n}=VALUE" for n in missing) + " (in Python: "
+                       f"load_file(path, {', '.join(n + '=...' for n in missing)}))")
     try:
         return build(**sizes)
     except FusionError:

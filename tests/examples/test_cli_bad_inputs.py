@@ -305,3 +305,29 @@ def test_a_kernel_past_the_shared_memory_limit_is_named(capsys, tmp_path):
     assert code == 1 and err.count("\n") == 1, err
     assert "compile error: 'mlp_k1': kernel fusionc_mlp_k1 needs" in err and \
         "at most 232448 B" in err, err
+
+
+@pytest.mark.parametrize("command, flag", [("ir", "--after"), ("ir", "--passes"),
+                                           ("compile", "--passes")])
+def test_empty_pass_options_are_named(capsys, tmp_path, command, flag):
+    out = ["-o", tmp_path] if command == "compile" else []
+    code, _, err = run_cli(capsys, command, LLAMA2, *SMALL, flag, " ", *out)
+    assert code == 1 and f"input error: {flag} ' '" in err and err.count("\n") == 1, err
+
+
+def test_a_size_without_a_default_asks_for_it(capsys, tmp_path):
+    src = tmp_path / "nodef.py"
+    src.write_text("from fusionc.models.blocks import mlp_block\n\n\n"
+                   "def build(hidden, inter: int = 512):\n"
+                   "    return mlp_block(hidden=hidden, intermediate=inter, eps=1e-5, "
+                   "dtype='f16')\n")
+    code, _, err = run_cli(capsys, "ir", src)
+    assert code == 1 and "needs size hidden" in err and "-D hidden=VALUE" in err, err
+    code, out, _ = run_cli(capsys, "ir", src, "-D", "hidden=256")
+    assert code == 0 and "graph @mlp" in out
+
+
+def test_v1_options_with_lowering_v2_name_only_those_given(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "compile", *GRAPHS_V2, "--lowering", "v2", "--scheme",
+                           "splitk", "-o", tmp_path)
+    assert code == 1 and "--scheme splitk with --lowering v2" in err and "--cluster" not in err
