@@ -1,7 +1,8 @@
 """Pass base class and registry.
 
-A pass is a small frozen dataclass with a ``name`` (as written in pipeline strings) and option
-fields; ``run(module) -> module`` returns new IR (nodes are immutable). Passes register
+A pass is a small frozen dataclass with a ``name`` (as written in pipeline strings), option
+fields and the passes it ``requires`` before it; ``run(module) -> module`` returns new IR
+(nodes are immutable). Passes register
 themselves with :func:`register_pass`; the pipeline parser looks them up by name.
 """
 from __future__ import annotations
@@ -19,6 +20,9 @@ class Pass:
     """Base of all passes. Subclasses set ``name`` and define ``run``."""
 
     name: ClassVar[str] = ""
+    # passes one of which must come earlier in a pipeline run on graph IR (a module that
+    # already holds kernels may have run them before): checked by run_pipeline
+    requires: ClassVar[tuple[str, ...]] = ()
 
     def run(self, module: Module) -> Module:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -131,6 +131,7 @@ def run_pipeline(module: Module, pipeline: str | list[Pass] = DEFAULT_PIPELINE,
         raise PassError(f"dump request {dump!r} {what}",
                         valid="after:all or after:NAME with NAME one of " + ", ".join(names))
     verify_module(module)
+    _check_order(module, passes)
     for p in passes:
         module = p.run(module)
         verify_module(module)
@@ -143,3 +144,18 @@ def run_pipeline(module: Module, pipeline: str | list[Pass] = DEFAULT_PIPELINE,
 
 def _load_passes() -> None:
     import fusionc.passes  # noqa: F401  (registers every pass)
+
+
+def _check_order(module: Module, passes: list) -> None:
+    """PassError for a pass before every pass it requires (``Pass.requires``), on graph IR:
+    run there it would do nothing, or fail on what no earlier pass made."""
+    if any(g.kind == "kernel" for g in module.graphs):   # lowered input: trusted
+        return
+    seen: set[str] = set()
+    for p in passes:
+        if p.requires and not seen & set(p.requires):
+            from fusionc.passes.stream import v2_pipeline
+            raise PassError(f"{p.name} with no {' or '.join(p.requires)} before it",
+                            op=p.name, valid=f"{' or '.join(p.requires)} earlier in the "
+                            f"pipeline, e.g. {v2_pipeline(8)}")
+        seen.add(p.name)

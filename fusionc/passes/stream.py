@@ -227,6 +227,7 @@ class StreamPlan(Pass):
     """See the module docstring."""
 
     name = "stream-plan"
+    requires = ("partition-units", "attention-units")
     stages: int = 2
 
     def check_options(self) -> None:
@@ -278,6 +279,7 @@ class InsertBarriers(Pass):
     """See the module docstring."""
 
     name = "insert-barriers"
+    requires = ("stream-plan",)
 
     def run(self, module: Module) -> Module:
         return _kernels(module, self.insert)
@@ -323,6 +325,7 @@ class SmemPlan(Pass):
     """See the module docstring."""
 
     name = "smem-plan"
+    requires = ("stream-plan",)
     max_stages: int = 4   # 4 beat 6 and 8 on an H200 (2026-12-02: 13.7 vs 16.0 us, 4096 x 4096)
 
     def check_options(self) -> None:

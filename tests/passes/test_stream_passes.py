@@ -144,3 +144,16 @@ def test_bad_pass_options_are_named_when_the_pipeline_is_read(spec, match):
 def test_empty_option_braces_mean_no_options():
     from fusionc.passes.pipeline import parse_pipeline
     assert [p.name for p in parse_pipeline("fuse{},smem-plan{}")] == ["fuse", "smem-plan"]
+
+
+@pytest.mark.parametrize("pipeline, first", [
+    ("stream-plan,partition-units{max_batch=2}", "stream-plan"),
+    ("fold-views,partition-units{max_batch=2},smem-plan,stream-plan", "smem-plan"),
+    ("partition-units{max_batch=2},insert-barriers,stream-plan", "insert-barriers")])
+def test_a_pass_before_the_passes_it_requires_is_named(pipeline, first):
+    """On graph IR these passes would do nothing (no kernels yet) or fail on what no earlier
+    pass made: the pipeline is refused before any pass runs, naming the pass."""
+    from fusionc.errors import PassError
+    with pytest.raises(PassError, match=f"{first} with no") as e:
+        run_pipeline(linear_graph(128, 256), pipeline)
+    assert e.value.op == first and "earlier in the pipeline" in str(e.value)
