@@ -96,7 +96,7 @@ def _planned_run(cg, env, torch_mode, device):
         return index[r.name]
 
     for op in host.body:
-        if op.name != "launch" and not _fast_gemm(op):   # a collective or a CuPy op
+        if _on_cupy(op):   # a collective or a CuPy op
             for r in op.results:
                 output(r, r)
             if op.name in COMM_OPS:
@@ -123,7 +123,7 @@ def _planned_run(cg, env, torch_mode, device):
     stream_of = arrays.stream_getter(torch_mode)
     capturing = cupy.cuda.runtime.streamIsCapturing   # (arrays.is_capturing, one frame less)
 
-    on_cupy = any(op.name != "launch" and not _fast_gemm(op) for op in host.body)
+    on_cupy = any(map(_on_cupy, host.body))
 
     def run(cg, args, ptrs):
         stream = stream_of()
@@ -147,6 +147,12 @@ def _planned_run(cg, env, torch_mode, device):
             cg._captured.append(tuple(args) + tuple(kept))
         return result(args)
     return run
+
+
+def _on_cupy(op) -> bool:
+    """A host op the plan runs through CuPy (a collective or a row-wise op), not by a raw
+    launch or a raw-pointer GEMM: the call then enters the caller's stream as CuPy's."""
+    return op.name != "launch" and not _fast_gemm(op)
 
 
 def _fast_gemm(op) -> bool:
