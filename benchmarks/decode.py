@@ -43,6 +43,7 @@ MODELS = {
 }
 BATCHES, KVS = (1, 4, 16, 64, 256), (1024, 8192)
 GPU_BYTES = 110 << 30   # of an H200's 141 GB: weights + one set of KV caches, the rest spare
+SPARE = 0.78            # that share of the card's memory where a GPU is present (H100: 62 GB)
 COLS = ["model", "batch", "kv", "fusionc_ms", "pdl_ms", "eager_ms", "compile_ms", "autotune_ms",
         "floor_ms", "x_floor", "vs_compile", "vs_eager", "err"]
 
@@ -61,9 +62,19 @@ def floor_bytes(cfg: ModelConfig, batch: int, kv: int) -> int:
 
 
 def fits(cfg: ModelConfig, batch: int, kv: int) -> bool:
-    """Whether the weights and one set of KV caches fit in :data:`GPU_BYTES` (fusionc's and
+    """Whether the weights and one set of KV caches fit in :func:`gpu_bytes` (fusionc's and
     PyTorch's caches are never held at once)."""
-    return cfg.weight_bytes() + kv_bytes(cfg, batch, kv) <= GPU_BYTES
+    return cfg.weight_bytes() + kv_bytes(cfg, batch, kv) <= gpu_bytes()
+
+
+def gpu_bytes() -> int:
+    """Bytes a point may take: :data:`SPARE` of this GPU's memory, else (no GPU: compiling
+    only) :data:`GPU_BYTES`. An H100 lacks room for Llama-2-7B at batch 16, KV 8K (77 GB)."""
+    try:
+        import cupy
+        return int(SPARE * cupy.cuda.runtime.memGetInfo()[1])
+    except Exception:   # noqa: BLE001 - no CuPy, no driver or no device: the H200 budget
+        return GPU_BYTES
 
 
 def points(args) -> list[tuple[str, int, int]]:

@@ -22,7 +22,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.decode import MODELS  # noqa: E402
 
-COLS = ["model", "prompt", "chunked_ms", "steps_ms", "torch_ms", "vs_torch", "vs_steps", "err"]
+COLS = ["model", "prompt", "chunked_ms", "steps_ms", "torch_ms", "vs_torch", "vs_steps", "err",
+        "torch_err"]
 
 
 def parse(argv=None):
@@ -57,27 +58,32 @@ def _timed(fn, reps: int = 3) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def torch_prefill(cfg, weights, max_seq: int):
+def torch_prefill(cfg, weights, max_seq: int, f32: bool = False):
     """PyTorch's prompt pass on fusionc's weights (zero-copy views): ``run(tokens) -> fp32
-    logits of the last token``."""
+    logits of the last token``. ``f32``: every weight widened to fp32 as its layer runs, fp32
+    activations and caches — the reference both 16-bit runs are measured against (their
+    errors compound over the layers and the prompt; the budget is PyTorch's own)."""
     import cupy
     import torch
     from benchmarks import torch_blocks
     tdt = torch.float16 if cfg.dtype == "f16" else torch.bfloat16
+    wide = (lambda t: t.float()) if f32 else (lambda t: t)
 
     def view(a):
         return torch.as_tensor(a.view(cupy.int16), device="cuda").view(tdt)
     layers = [{k: view(v) for k, v in w.items()} for w in weights[0]]
     shape = (1, cfg.kv_heads, max_seq, cfg.head_dim)
-    caches = [(torch.empty(shape, dtype=tdt, device="cuda"),
-               torch.empty(shape, dtype=tdt, device="cuda")) for _ in layers]
-    embed, norm, head = (view(weights[1][k]) for k in ("embed", "final_norm", "lm_head"))
+    cdt = torch.float32 if f32 else tdt
+    caches = [(torch.empty(shape, dtype=cdt, device="cuda"),
+               torch.empty(shape, dtype=cdt, device="cuda")) for _ in layers]
+    embed, norm, head = (wide(view(weights[1][k])) for k in ("embed", "final_norm", "lm_head"))
     kw = dict(heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, eps=cfg.eps,
               theta=cfg.theta, scaling=cfg.rope_scaling)
 
     def run(tokens):
         x = torch.nn.functional.embedding(tokens, embed)
         for w, (kc, vc) in zip(layers, caches):
+            w = {k: wide(v) for k, v in w.items()}
             qk = dict(q_norm=w["q_norm"], k_norm=w["k_norm"]) if cfg.qk_norm else {}
             x = torch_blocks.prefill_attention_block(x, w["attn_norm"], w["w_qkv"], w["w_o"],
                                                      kc, vc, **kw, **qk)
@@ -107,8 +113,10 @@ def run_point(name, cfg, n, weights, args) -> dict:
     run = torch_prefill(cfg, weights, n + 8)
     tokens = torch.as_tensor(prompt, device="cuda")
     with torch.no_grad():
-        ref = run(tokens)
-        row["err"] = f"{common.rel_err(torch.as_tensor(got[0], device='cuda'), ref[0]):.1e}"
+        ref = torch_prefill(cfg, weights, n + 8, f32=True)(tokens)[0]
+        torch.cuda.empty_cache()
+        row["err"] = f"{common.rel_err(torch.as_tensor(got[0], device='cuda'), ref):.1e}"
+        row["torch_err"] = f"{common.rel_err(run(tokens)[0], ref):.1e}"
         row["torch_ms"] = common.time_graph([lambda: run(tokens)], reps=5) * 1e3
     row["vs_torch"] = f"{row['chunked_ms'] / row['torch_ms']:.2f}x"
     if "steps_ms" in row:

@@ -19,7 +19,7 @@ from fusionc.ir.kernel import SMEM_LIMIT
 from fusionc.ir.nodes import Graph, Op
 from fusionc.ir.types import DType
 from fusionc.ir.ops.tile_attn_units import MAX_SPLITS, UNIT_OVERHEAD, WAVES
-from fusionc.ir.ops.tile_mla_units import (MERGE_GROUP, block_heads, head_blocks, merge_groups,
+from fusionc.ir.ops.tile_mla_units import (MERGE_GROUP, head_blocks, merge_groups,
                                           mla_merge_loads, slots, unsupported)
 from fusionc.ir.printer import print_graph
 
@@ -45,7 +45,7 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     ql, cache = op.operands[1].type, op.operands[3].type
     heads, lat = ql.shape[1], ql.shape[2]
     d, S = cache.shape[2], cache.shape[1]
-    hb, isz, warps = block_heads(heads, cache.dtype), cache.dtype.itemsize, threads // 32
+    hb, isz, warps = op.attr("block"), cache.dtype.itemsize, threads // 32
     kparts = warps // (2 * (hb // 16))   # S: every warp, a (16 heads, 16 tokens) tile's K part
     step = TOK * (d + 8) * isz
     sizes = [("q", hb * (d + 8) * isz), ("new", d * isz), ("p", hb * (TOK + 8) * isz),
@@ -59,7 +59,7 @@ def geometry(op: Op, threads: int, max_batch: int) -> dict:
     off, at = {}, _up16(max(stages * step, merge))
     for name, n in sizes:
         off[name], at = at, at + _up16(n)
-    return dict(H=heads, HB=hb, NB=head_blocks(heads, cache.dtype), L=lat, R=d - lat, S=S,
+    return dict(H=heads, HB=hb, NB=head_blocks(heads, hb), L=lat, R=d - lat, S=S,
                 stages=stages, off=off, smem=at, kparts=kparts)
 
 

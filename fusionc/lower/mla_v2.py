@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fusionc.ir.nodes import Graph, Op, Value, users
-from fusionc.ir.ops.tile_mla_units import mla_tile, unsupported
+from fusionc.ir.ops.tile_mla_units import block_heads, mla_tile, unsupported
 from fusionc.lower.attention_v2 import grid
 from fusionc.lower.builder import KernelBuilder
 
@@ -215,5 +215,6 @@ def lower_core(core: MLACore, name: str, max_batch: int) -> Graph:
     b.op("mla_units", *ins, o, *norm, grid=grid(), scale=core.attention.attr("scale"),
          theta=r.attr("theta"), style=r.attr("style"), rotary_dim=r.attr("rotary_dim"),
          scaling=r.attr("scaling"), eps=core.eps, nope=core.nope, tile=mla_tile(max_batch),
+         block=block_heads(core.q_latent.type.shape[1], core.q.type.dtype, max_batch),
          loc=core.attention.loc)
     return b.build(grid=grid(), cluster=1, threads=THREADS, max_batch=max_batch)

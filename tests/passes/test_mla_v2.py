@@ -55,13 +55,23 @@ def test_partition_units_makes_linears_kernels_and_one_mla_units_kernel():
         assert gone not in text
 
 
-@pytest.mark.parametrize("heads,block,blocks", [(1, 16, 1), (16, 16, 1), (17, 32, 1),
-                                                (32, 32, 1), (40, 64, 1), (128, 64, 2),
-                                                (100, 64, 2)])
-def test_heads_come_in_blocks_of_16_32_or_64(heads, block, blocks):
-    assert (block_heads(heads), head_blocks(heads)) == (block, blocks)
+@pytest.mark.parametrize("heads,rows,block,blocks", [
+    (1, 1, 16, 1), (16, 16, 16, 1), (17, 1, 32, 1), (32, 16, 32, 1), (40, 16, 64, 1),
+    (128, 16, 64, 2), (100, 16, 64, 2), (128, 1, 32, 4), (128, 2, 32, 4), (64, 4, 64, 1)])
+def test_heads_come_in_blocks_of_16_32_or_64(heads, rows, block, blocks):
+    """64 above 32 heads, 32 up to MLA_SMALL_ROWS rows (more units where units are few)."""
     from fusionc.ir.types import DType
-    assert (block_heads(heads, DType.f32), head_blocks(heads, DType.f32)) == (16, -(-heads // 16))
+    got = block_heads(heads, DType.bf16, rows)
+    assert (got, head_blocks(heads, got)) == (block, blocks)
+    assert block_heads(heads, DType.f32, rows) == 16
+
+
+@pytest.mark.parametrize("rows,block", [(1, 32), (16, 64)])
+def test_the_lowering_sets_the_block_by_the_bucket(rows, block):
+    m = deepseek.build(hidden=512, heads=128, dtype="bf16")
+    low = run_pipeline(m, v2_pipeline(rows))
+    op = next(g for g in low.graphs if g.kind == "kernel" and g.body[0].name == "mla_units").body[0]
+    assert op.attr("block") == block
 
 
 CONFIGS = st.fixed_dictionaries({
@@ -214,7 +224,9 @@ def test_mla_units_compile_without_spills(heads, hidden, dtype, regs, mb):
     assert src.blocks == 132 and src.smem_bytes <= 232448 and src.pdl and src.resident
     from fusionc.ir.types import DType
     from fusionc.ir.ops.tile_mla_units import MERGE_GROUP
-    assert src.counters == mb * head_blocks(heads, DType(dtype)) * (1 + 64 // MERGE_GROUP) + 1
+    blk = k.body[0].attr("block")
+    assert blk == block_heads(heads, DType(dtype), mb)
+    assert src.counters == mb * head_blocks(heads, blk) * (1 + 64 // MERGE_GROUP) + 1
     assert "fc_counter_arrive(top) == static_cast<unsigned>(ng - 1)" in src.source   # 2 levels
     assert "ng == 1 ? out : nullptr,\n             ng == 1 ? nullptr : gslot" in src.source
     assert "fc_counter_wait<" not in src.source   # nothing waits

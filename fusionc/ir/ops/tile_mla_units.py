@@ -19,7 +19,7 @@ every SM, 1 to 128 heads (issue 27).
       probabilities are rounded to the dtype before P·V (tensor-core operands; fp32 rounds
       nothing: FMA) while l sums them in fp32, as in ``attn_units``.
 
-    **Work units**: the heads in blocks of :func:`block_heads` (16, 32 or 64: one to four
+    **Work units**: the heads in blocks of ``block`` (:func:`block_heads`: 16, 32 or 64, one to four
     16-row tiles of the mma, whose fragment layout fp32's FMA keeps; fp32 always 16); unit
     (b, c, j) is chunk c of head block j of row b, numbered in that order, the chunks from
     ``attn_units``' split plan with the head blocks in place of KV heads
@@ -92,18 +92,29 @@ def merge_tree(parts: list) -> np.ndarray:
                    for i in range(0, len(parts), MERGE_GROUP)])
 
 
-def block_heads(heads: int, dtype: DType | None = None) -> int:
-    """Query heads of one unit: 16, 32 or 64 (one, two or four 16-row mma tiles), the fewest
-    that hold ``heads`` up to 64; 64 above (blocks of 64, the last one padded). fp32 (FMA, rows
-    of 4 bytes in shared memory): always 16."""
+# Query heads of one unit above 32 heads, by batch bucket. Smaller blocks make more, shorter
+# units (a latency-bound unit at few rows) but read the latent cache once per block. V3 (128
+# heads), H100, 2026-12-07, one call, blocks of 16 / 32 / 64, µs: batch 1 KV 1K 173.8 / 182.3 /
+# 205.6, 4K 187.5 / 192.2 / 218.2, 16K 237.6 / 227.4 / 247.7; batch 16 KV 1K 243.0 / 236.2 /
+# 267.1, 4K 422.3 / 353.0 / 350.7, 16K 1187.5 / 870.6 / 688.3 (BENCHMARKS.md, eleventh session).
+MLA_SMALL_ROWS, MLA_SMALL_BLOCK = 2, 32
+
+
+def block_heads(heads: int, dtype: DType | None = None, max_batch: int = 16) -> int:
+    """Query heads of one unit (the op's ``block``): 16, 32 or 64 (one, two or four 16-row mma
+    tiles), the fewest that hold ``heads`` up to 64; above 64, blocks of 64 (the last one
+    padded), or ``MLA_SMALL_BLOCK`` up to ``MLA_SMALL_ROWS`` rows (the measurement above).
+    fp32 (FMA, rows of 4 bytes in shared memory): always 16."""
     if dtype == DType.f32:
         return 16
-    return 16 if heads <= 16 else 32 if heads <= 32 else 64
+    if heads <= 32:
+        return 16 if heads <= 16 else 32
+    return MLA_SMALL_BLOCK if max_batch <= MLA_SMALL_ROWS else 64
 
 
-def head_blocks(heads: int, dtype: DType | None = None) -> int:
-    """Head blocks of a row: ⌈heads / block_heads⌉."""
-    return -(-heads // block_heads(heads, dtype))
+def head_blocks(heads: int, block: int) -> int:
+    """Head blocks of a row: ⌈heads / block⌉."""
+    return -(-heads // block)
 
 
 def unsupported(dtype: DType, heads: int, latent: int, rope: int) -> list[str]:
@@ -155,6 +166,9 @@ def _infer(op):
             fail(op, f"{what} has type {t}", f"i32[{b}]")
     if len(op.operands) == 8 and op.operands[7].type.shape != (lat,):
         fail(op, f"kv_norm has type {op.operands[7].type}", f"[{lat}]")
+    blk = op.attr("block")
+    if blk not in ((16,) if ql.dtype == DType.f32 else (16, 32, 64)):
+        fail(op, f"block = {blk}", "16, 32 or 64 query heads a unit (16 for f32)")
     r = op.attr("rotary_dim")
     if r % 2 or r > rope:
         fail(op, f"rotary_dim = {r}", f"an even rotary_dim <= the rope dim {rope}")
@@ -190,7 +204,8 @@ def _simulate(op, args, cta):
     kv_norm = read(op.operands[7]) if len(op.operands) == 8 else None
     heads, lat, rope, S = _dims(op)
     dt = op.operands[0].type.dtype
-    hb, nb, grid = block_heads(heads, dt), head_blocks(heads, dt), op.attr("grid")
+    hb, grid = op.attr("block"), op.attr("grid")
+    nb = head_blocks(heads, hb)
     L, splits = split_plan(lens, nb, grid, S, op.attr("tile"))
     first = np.concatenate([[0], np.cumsum(splits * nb)])
     store = mem.__dict__.setdefault("attn_slots", {})
@@ -253,6 +268,7 @@ register(OpDef(
      attr("style", enum("neox", "gptj"), "gptj"), attr("rotary_dim", POS_INT),
      attr("scaling", FLOATS, ()), attr("eps", FLOAT, 1e-6, doc="the latent RMSNorm's epsilon"),
      attr("nope", POS_INT, doc="query dims per head before its RoPE dims"),
+     attr("block", POS_INT, 64, doc="query heads of one unit: 16, 32 or 64 (block_heads)"),
      attr("tile", POS_INT, TILE, doc="the split plan's token granularity: chunk lengths are "
           "multiples of it (mla_tile)")),
     _infer, where=K, simulate=_simulate, verify=verify_units, cost=_cost))
