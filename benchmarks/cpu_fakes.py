@@ -252,7 +252,7 @@ def fake_gpu(torch: bool = True):
     driver. ``torch``: put the fake ``torch`` module in ``sys.modules`` meanwhile."""
     import cupy
 
-    from fusionc.runtime import arrays, launch, library
+    from fusionc.runtime import arrays, launch, library, row_kernels
     cu = fake_driver()
     lib = types.SimpleNamespace(cublasCreate_v2=lambda h: 0, cublasSetStream_v2=lambda h, s: 0,
                                 cublasGemmEx=lambda *a: 0)
@@ -276,6 +276,7 @@ def fake_gpu(torch: bool = True):
             setattr(obj, name, value)
         sys.modules.update(modules)
         library._HANDLES.clear()
+        row_kernels.clear()        # row kernels loaded through the fake driver (and after)
         arrays._EXTERNAL.clear()   # CuPy wrappers of (fake) torch streams
         yield cu
     finally:
@@ -287,5 +288,6 @@ def fake_gpu(torch: bool = True):
             else:
                 sys.modules[k] = v
         library._HANDLES.clear()
+        row_kernels.clear()
         arrays._EXTERNAL.clear()
         STREAM.capturing = False

@@ -1,9 +1,8 @@
 """Host overhead of a ``fusionc.compile`` call on a machine without a GPU (issue 23): the Python
 path of ``CompiledGraph.__call__`` against fake device arrays and a stubbed driver launch
 (``benchmarks/cpu_fakes.py``), per call, for one-kernel graphs, a two-kernel graph, a linear
-layer, a graph with collectives and a library-path graph of CuPy host ops (their kernels
-stubbed: :func:`stubbed_cupy_kernels`; the real ones run in ``benchmarks/host_overhead.py``).
-The figures are the Python
+layer, a graph with collectives and a library-path graph of host ops (row kernels and a
+cuBLAS GEMM, launched through the same fake driver). The figures are the Python
 path only: no driver launch, no PyTorch C++ attribute costs (``benchmarks/host_overhead.py``
 measures the real thing on the GPU).
 
@@ -15,7 +14,6 @@ Prints a Markdown table (last); with ``--profile CASE`` first the cProfile of th
 # no `from __future__ import annotations`: the DSL evaluates the annotations
 
 import argparse
-import contextlib
 import math
 import os
 import sys
@@ -174,22 +172,6 @@ def profile(cg, args: dict, calls: int, top: int = 25) -> str:
 
 
 
-@contextlib.contextmanager
-def stubbed_cupy_kernels():
-    """The host ops' CuPy kernels as no-ops while inside: the library path's figure is then
-    fusionc's Python around them, without CuPy's own per-kernel call cost."""
-    from fusionc.runtime import library
-    names = ("rms_norm", "silu", "silu_mul", "add", "mul", "cast")
-    saved = {n: getattr(library, n) for n in names}
-    for n in names:
-        setattr(library, n, lambda *args, **kw: None)
-    try:
-        yield
-    finally:
-        for n, f in saved.items():
-            setattr(library, n, f)
-
-
 def measure(name: str, cg, cu, args) -> list[dict]:
     """The table rows of case ``name`` (torch, then CuPy arguments); ``cu``: the fake driver."""
     if "collectives" in name:
@@ -222,11 +204,9 @@ def main():
         for name, (module, kw) in cases(args.batch).items():
             if args.only and args.only != name.split()[0]:
                 continue
-            # CuPy's own kernels need a GPU: stubbed for the library path
-            with stubbed_cupy_kernels() if "library path" in name else contextlib.nullcontext():
-                cg = compile_case(module, kw)
-                assert isinstance(cg, CompiledGraph)
-                rows += measure(name, cg, cu, args)
+            cg = compile_case(module, kw)
+            assert isinstance(cg, CompiledGraph)
+            rows += measure(name, cg, cu, args)
     print(table(rows, ["graph", "args", "kernels", "host_ops", "launches", "us_per_call"]))
 
 

@@ -27,7 +27,7 @@ from fusionc.runtime.comm_ops import COMM_OPS
 HOST_OPS = LIBRARY_OPS | frozenset({"token_split", "token_concat"})
 # the host ops that are views or copies of rows: any dtype (token ids too)
 HOST_VIEWS = frozenset({"token_split", "token_concat", "split", "reshape"})
-# the ops _compute runs as CuPy kernels or GEMMs: float operands only (library.PREAMBLE)
+# the ops compute() runs as row kernels or GEMMs: float operands only
 HOST_COMPUTE = frozenset({"library_call", "head_linear", "rms_norm", "silu_mul", "add", "mul",
                           "silu", "cast"})
 
@@ -116,11 +116,7 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
             return
         outs = [alloc(r) for r in op.results]
 
-        def temp(v):   # kept for the call (a capture keeps it for the graph's replays)
-            buf = cg.scratch(v, f"{op.results[0].name}.{v.name}", env, torch_mode)
-            streams.keep.append(buf[0])
-            return buf
-        compute(op, [views[v.name] for v in op.operands], outs[0][1], temp)
+        compute(op, [views[v.name] for v in op.operands], outs[0][1])
         for r, (obj, view) in zip(op.results, outs):
             objs[r.name], views[r.name] = obj, view
 
@@ -145,10 +141,9 @@ def bind_blocks(env: dict, sym: str, sizes: list[int], op) -> None:
                              valid=f"no input typed with {sym}.<i> (token_split names them)")
 
 
-def compute(op, args: list, out, temp) -> None:
+def compute(op, args: list, out) -> None:
     """Run a row-wise host op into ``out`` on the current CuPy stream (the general path and
-    the call plan, :mod:`fusionc.runtime.plan`); ``temp(value)``: ``(buffer, view)`` of a
-    scratch buffer (the graph's, :meth:`CompiledGraph.scratch`: a capture allocates nothing)."""
+    the call plan's CuPy steps, :mod:`fusionc.runtime.plan`)."""
     dt = op.results[0].type.dtype.value
     if op.name == "library_call":
         library.gemm(args[0], args[1], out, op.operands[0].type.dtype.value, *args[2:],
@@ -158,9 +153,7 @@ def compute(op, args: list, out, temp) -> None:
     elif op.name == "rms_norm":   # over the last axis: [T, D], or [T, heads, D] (QK-norm)
         x, d = args[0], args[0].shape[-1]
         rows = x.size // d if d else 0
-        _, ss = temp(Value("ss", TensorType(DType.f32, (rows, 1))))
-        library.rms_norm(x.reshape(rows, d), args[1], op.attr("eps"), out.reshape(rows, d),
-                         dt, ss)
+        library.rms_norm(x.reshape(rows, d), args[1], op.attr("eps"), out.reshape(rows, d), dt)
     elif op.name == "silu_mul":
         library.silu_mul(args[0], args[1], out, dt)
     elif op.name == "add":

@@ -1,5 +1,5 @@
-"""Library calls on the GPU: cuBLAS GEMMs and CuPy elementwise kernels for the graph ops that
-run outside fusionc's own kernels (prefill-sized tensors, the decode step's head). fp32
+"""Library calls on the GPU: cuBLAS GEMMs and row kernels (:mod:`fusionc.runtime.row_kernels`)
+for the graph ops that run outside fusionc's own kernels (prefill-sized tensors, the decode step's head). fp32
 arithmetic, one rounding to the storage dtype per op — the interpreter's rules.
 
 Storage dtypes as in :mod:`fusionc.runtime.arrays`: f16 arrays are float16, bf16 arrays uint16
@@ -11,108 +11,98 @@ import functools
 
 import numpy as np
 
-# 16-bit storage <-> fp32 in the CuPy kernels, per storage dtype
-PREAMBLE = {
-    "f16": r"""
-__device__ __forceinline__ float fc_f32(float16 x) { return float(x); }
-__device__ __forceinline__ void fc_store(float v, float16 &o) { o = float16(v); }
-""",
-    "bf16": r"""
-__device__ __forceinline__ float fc_f32(unsigned short x) {   // bf16 bits
-  return __uint_as_float(((unsigned int)x) << 16); }
-__device__ __forceinline__ void fc_store(float v, unsigned short &o) {   // round to nearest even
-  unsigned int u = __float_as_uint(v);
-  o = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); }
-""",
-    "f32": r"""
-__device__ __forceinline__ float fc_f32(float x) { return x; }
-__device__ __forceinline__ void fc_store(float v, float &o) { o = v; }
-""",
-}
 CUDA_R = {"f16": 2, "bf16": 14, "f32": 0}  # cudaDataType: CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F
 _GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
 _ONE_ZERO = np.array([1.0, 0.0], np.float32)  # alpha, beta (host pointer mode)
 _ONE_ONE = np.array([1.0, 1.0], np.float32)    # alpha, beta: out = x · wᵀ + out (the bias)
 
 
-@functools.cache
-def norm_kernels(dtype: str):
-    """(sum of squares per row, scale and round) CuPy kernels of RMSNorm (Zhang & Sennrich
-    2019, eq. 4): ``y = w · (x · rsqrt(mean(x²) + eps))``."""
+def _on_stream() -> tuple:
+    """(the current CuPy stream's handle, the current device): where a row kernel launches."""
     import cupy
-    sumsq = cupy.ReductionKernel("T x", "float32 y", "fc_f32(x) * fc_f32(x)", "a + b", "y = a",
-                                 "0", "fc_sumsq", preamble=PREAMBLE[dtype])
-    scale = cupy.ElementwiseKernel(
-        "T x, T w, float32 ss, float32 n, float32 eps", "T y",
-        "fc_store(fc_f32(w) * (fc_f32(x) * rsqrtf(ss / n + eps)), y)", "fc_rms_scale",
-        preamble=PREAMBLE[dtype])
-    return sumsq, scale
+    return cupy.cuda.get_current_stream().ptr, cupy.cuda.Device().id
 
 
-@functools.cache
-def _binary(dtype: str, name: str, expr: str):
+def _rows(x) -> tuple:
+    """``(x as [rows, cols], its row stride in elements, whether that is a copy)``: a view
+    where the elements of each row are contiguous (a split's halves, a broadcast row), else a
+    contiguous copy (the general path only: a planned call's buffers are contiguous)."""
     import cupy
-    return cupy.ElementwiseKernel("T a, T b", "T y", f"float u = fc_f32(a), v = fc_f32(b); "
-                                  f"fc_store({expr}, y)", f"fc_{name}", preamble=PREAMBLE[dtype])
+    copied = False
+    if x.ndim < 2:
+        x = x.reshape(1, -1)
+    elif x.ndim > 2:
+        if not x.flags.c_contiguous:
+            x, copied = cupy.ascontiguousarray(x), True
+        x = x.reshape(-1, x.shape[-1])
+    if x.shape[1] > 1 and x.strides[1] != x.itemsize or x.strides[0] % x.itemsize:
+        x, copied = cupy.ascontiguousarray(x), True
+    return x, (x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1]), copied
 
 
-def rms_norm(x, w, eps: float, out, dtype: str, ss=None):
-    """``out = rms_norm(x) · w`` over the last axis (x ``[T, D]``, w ``[D]``); ``ss``: the
-    fp32 ``[T, 1]`` buffer of the sums of squares (default: allocated here, which a CUDA graph
-    capture refuses; give one from a capture-aware allocator). Returns ``ss`` (keep it alive
-    while a captured graph uses it)."""
-    import cupy
-    sumsq, scale = norm_kernels(dtype)
-    if ss is None:
-        ss = cupy.empty((x.shape[0], 1), cupy.float32)
-    if x.shape[0]:
-        sumsq(x, axis=1, keepdims=True, out=ss)
-    scale(x, w[None, :], ss, np.float32(x.shape[1]), np.float32(eps), out)
-    return ss
+def _row_op(ins: list, out, launch_of) -> None:
+    """Run row kernel ``launch_of(device, cols, row strides)`` over ``ins`` into ``out``, all
+    seen as ``[rows, cols]`` (:func:`_rows`; into a temporary copied to ``out`` where its rows
+    are not contiguous)."""
+    stream, device = _on_stream()
+    views = [_rows(x)[:2] for x in ins]
+    dst, ld, copied = _rows(out)
+    launch_of(device, dst.shape[1], tuple(s for _, s in views) + (ld,))(
+        [x.data.ptr for x, _ in views] + [dst.data.ptr], stream)
+    if copied:
+        out[...] = dst.reshape(out.shape)
+
+
+def rms_norm(x, w, eps: float, out, dtype: str) -> None:
+    """``out = rms_norm(x) · w`` over the last axis (x ``[T, D]``, w ``[D]``; Zhang & Sennrich
+    2019, eq. 4), fp32 sums, one rounding: one CTA a row (:mod:`fusionc.runtime.row_kernels`)."""
+    from fusionc.runtime import row_kernels
+    T, D = x.shape
+    _row_op([x, w[None, :]], out,
+            lambda dev, cols, lds: row_kernels.rms_norm(dtype, T, D, float(eps), lds, dev))
+
+
+def _binary(name: str, a, b, out, dtype: str) -> None:
+    from fusionc.runtime import row_kernels
+    _row_op([a, b], out, lambda dev, cols, lds: row_kernels.binary(name, dtype, out.size, cols,
+                                                                   lds, dev))
 
 
 def silu_mul(gate, up, out, dtype: str) -> None:
     """``out = silu(gate) · up`` (Shazeer 2020, SwiGLU), fp32 math, one rounding."""
-    _binary(dtype, "silu_mul", "u / (1.0f + expf(-u)) * v")(gate, up, out)
+    _binary("silu_mul", gate, up, out, dtype)
 
 
 def add(a, b, out, dtype: str) -> None:
     """``out = a + b`` rounded once."""
-    _binary(dtype, "add", "u + v")(a, b, out)
+    _binary("add", a, b, out, dtype)
 
 
 def mul(a, b, out, dtype: str) -> None:
     """``out = a · b`` rounded once."""
-    _binary(dtype, "mul", "u * v")(a, b, out)
-
-
-@functools.cache
-def _unary(src: str, dst: str, name: str, expr: str):
-    import cupy
-    pre = PREAMBLE[src] + (PREAMBLE[dst] if dst != src else "")
-    return cupy.ElementwiseKernel("T a", "Y y", f"float u = fc_f32(a); fc_store({expr}, y)",
-                                  f"fc_{name}_{src}_{dst}", preamble=pre)
+    _binary("mul", a, b, out, dtype)
 
 
 def silu(x, out, dtype: str) -> None:
     """``out = x · sigmoid(x)`` (SiLU, Hendrycks & Gimpel 2016), fp32 math, one rounding."""
-    _unary(dtype, dtype, "silu", "u / (1.0f + expf(-u))")(x, out)
+    from fusionc.runtime import row_kernels
+    _row_op([x], out, lambda dev, cols, lds: row_kernels.unary("silu", dtype, dtype, out.size,
+                                                               cols, lds, dev))
 
 
 def cast(x, out, src: str, dst: str) -> None:
     """``out = x`` converted from dtype ``src`` to ``dst`` (through fp32: exact for every
-    16-bit value; round to nearest even into a 16-bit ``dst``)."""
-    _unary(src, dst, "cast", "u")(x, out)
-
-
-@functools.cache
-def _gather():
+    16-bit value; round to nearest even into a 16-bit ``dst``). ``x`` may be broadcast
+    (a bias row over the batch): it is materialized first."""
     import cupy
-    return cupy.ElementwiseKernel(
-        "raw T table, raw int32 tokens, int32 vocab, int32 hidden", "T y",
-        "int b = i / hidden, t = tokens[b];"
-        "y = (t >= 0 && t < vocab) ? table[(long long)t * hidden + (i - b * hidden)] : T(0.0f)",
-        "fc_embedding")
+    from fusionc.runtime import row_kernels
+    if x.shape != out.shape:
+        x = cupy.broadcast_to(x, out.shape)
+    if src == dst:
+        out[...] = x
+        return
+    _row_op([x], out, lambda dev, cols, lds: row_kernels.unary("cast", src, dst, out.size,
+                                                               cols, lds, dev))
 
 
 def embedding(table, tokens, out) -> None:
@@ -121,13 +111,25 @@ def embedding(table, tokens, out) -> None:
     ``[0, vocab)`` gets a row of zeros rather than a read outside the table (ids are device
     values here; the interpreter raises InputError, and ``fusionc.models.Decoder`` checks them
     on the host)."""
+    from fusionc.runtime import row_kernels
     for name, m in (("table", table), ("tokens", tokens)):
         if not m.flags.c_contiguous:
             from fusionc.errors import InputError
             raise InputError(f"{name} has strides {m.strides}", op="embedding",
                              valid="a contiguous array")
-    if out.size:
-        _gather()(table, tokens, np.int32(table.shape[0]), np.int32(table.shape[1]), out)
+    import cupy
+    vocab, hidden = table.shape
+    dt = _DTYPE_OF[table.dtype.name]
+    dst = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
+    stream, device = _on_stream()
+    row_kernels.embedding(dt, tokens.size, vocab, hidden, device)(
+        [table.data.ptr, tokens.data.ptr, dst.data.ptr], stream)
+    if dst is not out:
+        out[...] = dst
+
+
+# storage dtype name -> fusionc dtype (bf16 is stored as uint16 bits)
+_DTYPE_OF = {"float16": "f16", "uint16": "bf16", "float32": "f32"}
 
 
 _HANDLES: dict = {}

@@ -14,13 +14,14 @@ nothing is checked again because nothing it checked can have changed. A misalign
 changes the signature, so it takes the checked path and gets its error.
 
 Graphs of kernel launches, GEMMs (``library_call``: cuBLAS called with raw pointers when
-there is no bias), row-wise CuPy ops (RMSNorm, SiLU, add, ...:
-:data:`fusionc.runtime.host_ops.HOST_COMPUTE`, each given views made once where the buffer
-is fixed) and collectives on the caller's stream (tensor-parallel layers without a token
-split) run fully planned. Graphs with views, prompt-chunk ops, the embedding or side-stream
-collectives, and calls given ``outputs=``, run the general path with the signature's checks
-and dims reused (:meth:`Plan.views`: CuPy views of torch arguments made without checks,
-cached per address).
+there is no bias), row-wise ops (RMSNorm, SiLU, add, ..., the embedding: :data:`ROW_OPS`, row
+kernels launched with raw pointers, :mod:`fusionc.runtime.row_kernels`), the other host
+compute ops (:data:`fusionc.runtime.host_ops.HOST_COMPUTE`: a biased GEMM, MLA's head GEMMs;
+CuPy views made once where the buffer is fixed) and collectives on the caller's stream
+(tensor-parallel layers without a token split) run fully planned. Graphs with views,
+prompt-chunk ops or side-stream collectives, and calls given ``outputs=``, run the general
+path with the signature's checks and dims reused (:meth:`Plan.views`: CuPy views of torch
+arguments made without checks, cached per address).
 """
 from __future__ import annotations
 
@@ -59,13 +60,17 @@ class Plan:
         return {p.name: arrays.unchecked_view(x, p, cache) for p, x in zip(cg.host.params, args)}
 
 
+# host ops the plan launches as row kernels with raw pointers (float operands, contiguous)
+ROW_OPS = frozenset({"rms_norm", "silu_mul", "add", "mul", "silu", "cast", "embedding"})
+
+
 def _plannable(op) -> bool:
-    """Whether the planned path runs host op ``op``: a launch, a GEMM, a row-wise CuPy op
-    (:data:`fusionc.runtime.host_ops.HOST_COMPUTE`), or a collective on the caller's stream
-    (a side-stream one needs the general path's events)."""
+    """Whether the planned path runs host op ``op``: a launch, a GEMM, a row-wise op
+    (:data:`ROW_OPS`, :data:`fusionc.runtime.host_ops.HOST_COMPUTE`), or a collective on the
+    caller's stream (a side-stream one needs the general path's events)."""
     from fusionc.runtime.comm_ops import COMM_OPS
     from fusionc.runtime.host_ops import HOST_COMPUTE
-    return op.name == "launch" or op.name in HOST_COMPUTE or \
+    return op.name == "launch" or op.name in HOST_COMPUTE or op.name in ROW_OPS or \
         op.name in COMM_OPS and op.attr("stream") == 0
 
 
@@ -102,10 +107,14 @@ def _planned_run(cg, env, torch_mode, device):
             if op.name in COMM_OPS:
                 steps.append(_comm_step(cg, op, env, torch_mode, index, fixed, current))
             else:
-                steps.append(_host_step(cg, op, env, torch_mode, index, fixed, current, kept))
+                steps.append(_host_step(cg, op, env, torch_mode, index, fixed, current))
             continue
         if op.name == "library_call":
             steps.append(_gemm_step(op, env, device, index, output(op.result, op.result)))
+            continue
+        if op.name in ROW_OPS:
+            output(op.result, op.result)
+            steps.append(_row_step(op, env, device, index))
             continue
         k = cg.module[op.attr("kernel").name]
         lk = cg._loaded[k.name]
@@ -150,9 +159,10 @@ def _planned_run(cg, env, torch_mode, device):
 
 
 def _on_cupy(op) -> bool:
-    """A host op the plan runs through CuPy (a collective or a row-wise op), not by a raw
-    launch or a raw-pointer GEMM: the call then enters the caller's stream as CuPy's."""
-    return op.name != "launch" and not _fast_gemm(op)
+    """A host op the plan runs through CuPy (a collective, a biased GEMM, a head GEMM), not by
+    a raw launch, a row kernel or a raw-pointer GEMM: the call then enters the caller's stream
+    as CuPy's."""
+    return op.name != "launch" and op.name not in ROW_OPS and not _fast_gemm(op)
 
 
 def _fast_gemm(op) -> bool:
@@ -179,29 +189,46 @@ def _viewer(cg, index, fixed):
     return view
 
 
-def _host_step(cg, op, env, torch_mode, index, fixed, current, kept):
-    """Row-wise host op ``op`` (a CuPy kernel or a biased GEMM:
+def _host_step(cg, op, env, torch_mode, index, fixed, current):
+    """Host op ``op`` run through CuPy (a biased GEMM, a head GEMM:
     :func:`fusionc.runtime.host_ops.compute`) on the caller's stream, its buffers as in
-    :func:`_viewer`; its own scratch (RMSNorm's sums of squares) is the graph's, looked up once
-    and listed in ``kept`` (a captured call keeps it, as the general path's ``Streams.keep``).
-    A block of no rows is skipped, as the general path skips it."""
+    :func:`_viewer`. A block of no rows is skipped, as the general path skips it."""
     from fusionc.runtime.host_ops import compute
     view = _viewer(cg, index, fixed)
     if 0 in op.results[0].type.concrete(env):
         return lambda ptrs, stream: None
-    temps: dict = {}
-
-    def temp(v):
-        if v.name not in temps:
-            temps[v.name] = cg.scratch(v, f"{op.results[0].name}.{v.name}", env, torch_mode)
-            kept.append(temps[v.name][0])
-        return temps[v.name]
-
     ins, out = [view(v) for v in op.operands], view(op.results[0])
 
     def step(ptrs, stream):
         objs = current[0]
-        compute(op, [f(objs) for f in ins], out(objs), temp)
+        compute(op, [f(objs) for f in ins], out(objs))
+    return step
+
+
+def _row_step(op, env, device, index):
+    """Row-wise op ``op`` (:data:`ROW_OPS`) as one row kernel on contiguous buffers, its
+    launch fixed for the signature's shape (:mod:`fusionc.runtime.row_kernels`)."""
+    from fusionc.runtime import row_kernels
+    shape = op.result.type.concrete(env)
+    dt, cols = op.result.type.dtype.value, shape[-1] if shape else 1
+    n = 1
+    for d in shape:
+        n *= d
+    if op.name == "rms_norm":
+        launch = row_kernels.rms_norm(dt, n // cols if cols else 0, cols, float(op.attr("eps")),
+                                      (cols,) * 3, device)
+    elif op.name == "embedding":
+        vocab, hidden = op.operands[0].type.concrete(env)
+        launch = row_kernels.embedding(dt, n // hidden if hidden else 0, vocab, hidden, device)
+    elif op.name in row_kernels.BINARY:
+        launch = row_kernels.binary(op.name, dt, n, cols, (cols,) * 3, device)
+    else:   # silu, cast
+        launch = row_kernels.unary(op.name, op.operands[0].type.dtype.value, dt, n, cols,
+                                   (cols,) * 2, device)
+    get = tuple_getter([index[v.name] for v in op.operands] + [index[op.result.name]])
+
+    def step(ptrs, stream):
+        launch(get(ptrs), stream)
     return step
 
 

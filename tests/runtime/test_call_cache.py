@@ -381,28 +381,24 @@ def test_collectives_on_the_callers_stream_are_planned(gpu, torch):
 
 @pytest.mark.parametrize("torch", [False, True])
 def test_host_ops_are_planned(gpu, torch, monkeypatch):
-    """The library path's host ops (RMSNorm, a GEMM, SiLU, add: CuPy kernels and cuBLAS) run
+    """The library path's host ops (RMSNorm, a GEMM, SiLU, add: row kernels and cuBLAS) run
     from the plan after the first call, with the same buffers as the checked first call: the
     arguments, the graph's scratch intermediates, and a new output buffer per call."""
     import fusionc
     from benchmarks.host_overhead_cpu import host_ops_graph
-    from fusionc.runtime import library
+    from fusionc.runtime import library, row_kernels
     calls = []
-
-    def record(name):
-        def f(*args, **kw):
-            calls.append((name, tuple(a.data.ptr if hasattr(a, "data") else a for a in args)))
-        return f
-    for name in ("rms_norm", "silu", "add"):
-        monkeypatch.setattr(library, name, record(name))
+    launch = row_kernels.RowLaunch.__call__
+    monkeypatch.setattr(row_kernels.RowLaunch, "__call__", lambda self, ptrs, stream: (
+        calls.append((self.name, tuple(ptrs))), launch(self, ptrs, stream))[1])
     monkeypatch.setattr(library._cublas(), "cublasGemmEx",
                         lambda *a: calls.append(("gemm", (a[7], a[10], a[14]))) or 0)
     cg = fusionc.compile(host_ops_graph(), max_batch=4, pipeline="fold-views,lower-library")
     a = _args(cg, torch=torch)
     (y1,), (y2,) = cg(**a), cg(**a)
     (plan,) = cg._plans.values()
-    assert plan.run is not None and [c[0] for c in calls] == ["rms_norm", "gemm", "silu",
-                                                             "add"] * 2
+    assert plan.run is not None and [c[0] for c in calls] == [
+        "fc_rms_norm_f16", "gemm", "fc_silu_f16", "fc_add_f16"] * 2
     first, second = calls[:4], calls[4:]
     assert first[:3] == second[:3]   # x, the weights and the scratch intermediates
     ptr = (lambda t: t.data_ptr()) if torch else (lambda t: t.data.ptr)
@@ -417,8 +413,8 @@ def test_host_ops_are_planned(gpu, torch, monkeypatch):
     finally:
         cpu_fakes.STREAM.capturing = False
     kept = {o.data_ptr() if hasattr(o, "data_ptr") else o.data.ptr for o in cg._captured[-1]}
-    ss, h = first[0][1][5], first[1][1][2]   # RMSNorm's sums of squares, the GEMM's output
-    assert {ss, h} <= kept   # a capture keeps the plan's scratch buffers alive
+    n, h = first[0][1][2], first[1][1][2]   # RMSNorm's output, the GEMM's output
+    assert {n, h} <= kept   # a capture keeps the plan's scratch buffers alive
 
 
 def test_biased_linear_is_planned(gpu, monkeypatch):
