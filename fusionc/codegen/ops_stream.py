@@ -143,7 +143,6 @@ def _wait(op, ctx):
 
 @emits("ring_stage")
 def _stage(op, ctx):
-    geo = _geo(ctx)
     tw, tx = op.results
     ctx.views[tw.name] = "fc_sw"
     ctx.views[tx.name] = "fc_sx"

@@ -15,7 +15,6 @@ import functools
 
 import numpy as np
 
-from fusionc.runtime.library import cast
 
 
 # 16-bit storage (and fp32) <-> fp32 without headers: the kernels below compile with NVRTC as
@@ -137,46 +136,146 @@ def kv_cache_write(k_cache, v_cache, k, v, seq_of, positions, dtype: str) -> Non
                           np.int32(n_seq), np.int32(s_max), np.int32(kvh * d)))
 
 
+def attention_source(dtype: str, g: int, d: int) -> str:
+    """CUDA source of ``fc_chunk_attention``: one warp per (row t, KV head j) attends the ``g``
+    query heads of row t that share KV head j over keys ``0..positions[t]`` of sequence
+    ``seq_of[t]``'s cache, 32 keys a step (a lane a key for the scores, a lane a feature for
+    P·V), an online softmax in fp32 (Milakov & Gimelshein 2018; FlashAttention, Dao et al.
+    2022, §3.1), fp32 math and one rounding (``fusionc/ir/ops/chunk.py``). The queries sit in
+    shared memory as fp32; a row whose sequence or position is outside the cache gets zeros."""
+    ty, conv = _CONVERT[dtype]
+    vec = d % 8 == 0   # 16-byte K loads (8 elements of 16 bits, 4 of fp32)
+    return conv + f"""
+constexpr int G = {g}, D = {d}, DL = (D + 31) / 32;
+#define FC_NEG_INF __int_as_float(0xff800000)
+extern "C" __global__ void fc_chunk_attention(const {ty}* __restrict__ q,
+    const {ty}* __restrict__ kc, const {ty}* __restrict__ vc, const int* __restrict__ seq_of,
+    const int* __restrict__ pos, {ty}* __restrict__ out, int rows, int kvh, int seqs,
+    int s_max, float scale) {{
+  extern __shared__ float qs_all[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long w = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
+  if (w >= (long long)rows * kvh) return;   // no CTA barrier below
+  const int t = (int)(w / kvh), j = (int)(w % kvh), heads = kvh * G;
+  float* const qs = qs_all + warp * G * D;
+  const {ty}* const qt = q + ((long long)t * heads + j * G) * D;
+  for (int i = lane; i < G * D; i += 32) qs[i] = fc_f32(qt[i]);
+  __syncwarp();
+  {ty}* const ot = out + ((long long)t * heads + j * G) * D;
+  const int sq = seq_of[t], n = pos[t] + 1;
+  if (sq < 0 || sq >= seqs || n < 1 || n > s_max) {{
+    for (int i = lane; i < G * D; i += 32) ot[i] = fc_bits(0.f);
+    return;
+  }}
+  const long long stride = (long long)kvh * D;   // between keys of one KV head
+  const {ty}* const kb = kc + ((long long)sq * s_max * kvh + j) * D;
+  const {ty}* const vb = vc + ((long long)sq * s_max * kvh + j) * D;
+  float m[G], l[G], o[G][DL];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {{
+    m[h] = FC_NEG_INF; l[h] = 0.f;
+#pragma unroll
+    for (int i = 0; i < DL; ++i) o[h][i] = 0.f;
+  }}
+  for (int k0 = 0; k0 < n; k0 += 32) {{
+    const int key = k0 + lane;
+    float s[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) s[h] = 0.f;
+    if (key < n) {{
+      const {ty}* const kr = kb + key * stride;
+{_dot(dtype, vec)}
+    }}
+#pragma unroll
+    for (int h = 0; h < G; ++h) {{
+      float x = key < n ? s[h] * scale : FC_NEG_INF, mx = x;
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float mn = fmaxf(m[h], mx), corr = expf(m[h] - mn);   // m = -inf first: corr 0
+      const float p = key < n ? expf(x - mn) : 0.f;
+      float ps = p;
+      for (int off = 16; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+      l[h] = l[h] * corr + ps; m[h] = mn; s[h] = p;
+#pragma unroll
+      for (int i = 0; i < DL; ++i) o[h][i] *= corr;
+    }}
+    const int last = min(32, n - k0);
+    for (int kk = 0; kk < last; ++kk) {{
+      const {ty}* const vr = vb + (k0 + kk) * stride;
+      float v[DL];
+#pragma unroll
+      for (int i = 0; i < DL; ++i) v[i] = lane + 32 * i < D ? fc_f32(vr[lane + 32 * i]) : 0.f;
+#pragma unroll
+      for (int h = 0; h < G; ++h) {{
+        const float p = __shfl_sync(0xffffffffu, s[h], kk);
+#pragma unroll
+        for (int i = 0; i < DL; ++i) o[h][i] += p * v[i];
+      }}
+    }}
+  }}
+#pragma unroll
+  for (int h = 0; h < G; ++h)
+#pragma unroll
+    for (int i = 0; i < DL; ++i)
+      if (lane + 32 * i < D) ot[h * D + lane + 32 * i] = fc_bits(o[h][i] / l[h]);
+}}
+"""
+
+
+def _dot(dtype: str, vec: bool) -> str:
+    """The body computing ``s[h] = q_h · k`` of one key row ``kr`` (fp32 sums in feature
+    order): 16-byte loads where rows allow, else one element a step."""
+    if not vec:
+        return """      for (int e = 0; e < D; ++e) {
+        const float kv = fc_f32(kr[e]);
+#pragma unroll
+        for (int h = 0; h < G; ++h) s[h] += qs[h * D + e] * kv;
+      }"""
+    per = 4 if dtype == "f32" else 8
+    unpack = ("const float kv[4] = {u.x, u.y, u.z, u.w};" if dtype == "f32" else
+              "float kv[8]; const unsigned short* hs = reinterpret_cast<const unsigned short*>(&u);\n"
+              "        for (int x = 0; x < 8; ++x) kv[x] = fc_f32(hs[x]);")
+    load = "const float4 u = *reinterpret_cast<const float4*>(kr + e);" if dtype == "f32" else \
+        "const uint4 u = *reinterpret_cast<const uint4*>(kr + e);"
+    return f"""      for (int e = 0; e < D; e += {per}) {{
+        {load}
+        {unpack}
+#pragma unroll
+        for (int x = 0; x < {per}; ++x)
+#pragma unroll
+          for (int h = 0; h < G; ++h) s[h] += qs[h * D + e + x] * kv[x];
+      }}"""
+
+
+ATTN_WARPS = 8          # warps of a CTA; fewer where the queries would pass 48 KB of smem
+ATTN_SMEM = 48 * 1024   # CuPy's RawKernel launches without raising the dynamic smem limit
+
+
 def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
                     dtype: str) -> None:
     """``out[t] = softmax(scale · q[t] · Kᵀ) · V`` over positions ``0..positions[t]`` of
-    sequence ``seq_of[t]``'s cache (``fusionc.ir.ops.chunk``): per run of rows of one sequence,
-    the query heads of each KV head as one matrix against the run's cache prefix — scores by a
-    GEMM (fp32), the causal mask, an fp32 softmax, then P·V — so a run reads its prefix once."""
+    sequence ``seq_of[t]``'s cache (``fusionc.ir.ops.chunk``) in one launch of
+    :func:`attention_source` (q ``[T, H, D]``, caches ``[N, S, KV, D]`` contiguous). The rows
+    are checked on the host first (the interpreter's InputError, naming the op)."""
     import cupy
     t_, h, d = q.shape
     if not t_:
         return
-    hkv = k_cache.shape[2]
+    n_seq, s_max, hkv, _ = k_cache.shape
     g = h // hkv
-    seqs, pos = _host(seq_of), _host(positions)
     from types import SimpleNamespace
 
     from fusionc.ir.ops.chunk import check_rows
-    check_rows(SimpleNamespace(name="chunk_attention", loc=None), seqs, pos, k_cache.shape[0],
-               k_cache.shape[1])   # the interpreter's InputError, naming the op
-    start = 0
-    while start < t_:
-        end = start + 1
-        while end < t_ and seqs[end] == seqs[start]:
-            end += 1
-        s, n = int(seqs[start]), int(pos[end - 1]) + 1
-        if 0 <= s < k_cache.shape[0] and 0 < n <= k_cache.shape[1]:
-            kk = _f32(k_cache[s, :n], dtype).transpose(1, 0, 2)   # [KV, n, D]
-            vv = _f32(v_cache[s, :n], dtype).transpose(1, 0, 2)
-            qq = _f32(q[start:end], dtype).reshape(end - start, hkv, g, d)
-            qq = qq.transpose(1, 0, 2, 3).reshape(hkv, (end - start) * g, d)
-            sc = cupy.matmul(qq, kk.transpose(0, 2, 1)) * np.float32(scale)  # [KV, rows·G, n]
-            lim = cupy.asarray(pos[start:end].astype(np.int64) + 1).repeat(g)   # keys per row
-            sc = cupy.where(cupy.arange(n)[None, None, :] < lim[None, :, None], sc,
-                            np.float32(-np.inf))
-            sc = cupy.exp(sc - sc.max(axis=-1, keepdims=True))
-            o = cupy.matmul(sc, vv) / sc.sum(axis=-1, keepdims=True)   # [KV, rows·G, D]
-            o = o.reshape(hkv, end - start, g, d).transpose(1, 0, 2, 3).reshape(-1, h, d)
-            cast(cupy.ascontiguousarray(o), out[start:end], "f32", dtype)
-        else:   # a sequence outside the cache (the interpreter raises InputError)
-            out[start:end] = 0
-        start = end
+    check_rows(SimpleNamespace(name="chunk_attention", loc=None), _host(seq_of), _host(positions),
+               n_seq, s_max)
+    warps = max(1, min(ATTN_WARPS, ATTN_SMEM // (g * d * 4)))
+    kern = _kernel(attention_source(dtype, g, d), "fc_chunk_attention")
+    dst = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
+    kern((-(-t_ * hkv // warps),), (32 * warps,),
+         (cupy.ascontiguousarray(q), k_cache, v_cache, cupy.ascontiguousarray(seq_of),
+          cupy.ascontiguousarray(positions), dst, np.int32(t_), np.int32(hkv), np.int32(n_seq),
+          np.int32(s_max), np.float32(scale)), shared_mem=warps * g * d * 4)
+    if dst is not out:
+        out[...] = dst
 
 
 _MIRRORS: dict = {}   # (device pointer, size) -> the host copy a caller vouches for
@@ -201,11 +300,3 @@ def _host(x) -> np.ndarray:
     """``x`` on the host: its mirror from :func:`host_mirrors`, else a copy back."""
     m = _MIRRORS.get((x.data.ptr, x.size))
     return m if m is not None else x.get()
-
-
-def _f32(x, dtype: str):
-    """A contiguous fp32 copy of ``x`` (storage ``dtype``)."""
-    import cupy
-    out = cupy.empty(x.shape, cupy.float32)
-    cast(cupy.ascontiguousarray(x), out, dtype, "f32")
-    return out

@@ -143,3 +143,34 @@ def test_a_planned_library_call_launches_row_kernels():
     cupy.cuda.Device().synchronize()
     assert cg._plans and all(p.run is not None for p in cg._plans.values())
     assert np.array_equal(first, second) and rel(second, ref) <= 1e-2
+
+
+@pytest.mark.parametrize("dt,heads,kvh,d", [("bf16", 32, 8, 128), ("f16", 4, 4, 80),
+                                            ("f32", 6, 2, 64), ("bf16", 8, 1, 256)])
+def test_chunk_attention_matches_float64(dt, heads, kvh, d):
+    """Rows of two sequences (the second starting mid-cache: an earlier chunk's keys), each
+    row causal up to its position, one launch (fusionc.runtime.library_attention)."""
+    import cupy
+
+    from fusionc.runtime.library_attention import chunk_attention
+    rng = np.random.default_rng(heads + d)
+    seqs, s_max = 3, 300
+    kc, vc = (_rounded(rng.standard_normal((seqs, s_max, kvh, d)), dt) for _ in range(2))
+    seq_of = np.array([0] * 37 + [2] * 70, np.int32)
+    pos = np.concatenate([np.arange(37), np.arange(200, 270)]).astype(np.int32)
+    q = _rounded(rng.standard_normal((len(pos), heads, d)), dt)
+    scale = 1 / np.sqrt(d)
+    ref = np.empty_like(q)
+    g = heads // kvh
+    for t, (s, p) in enumerate(zip(seq_of, pos)):
+        k, v = kc[s, :p + 1], vc[s, :p + 1]   # [n, kvh, d]
+        sc = np.einsum("kgd,nkd->kgn", q[t].reshape(kvh, g, d), k) * scale
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        ref[t] = (np.einsum("kgn,nkd->kgd", e, v) / e.sum(-1, keepdims=True)).reshape(heads, d)
+    out = _poisoned(q.shape, dt)
+    chunk_attention(_dev(q, dt), _dev(kc, dt), _dev(vc, dt), cupy.asarray(seq_of),
+                    cupy.asarray(pos), scale, out, dt)
+    got = _host(out, dt)
+    err = rel(got, ref)
+    record("row_kernels", f"chunk_attention {dt} {heads}/{kvh} d{d}", f"{err:.1e}")
+    assert not np.isnan(got).any() and err <= TOL[dt]

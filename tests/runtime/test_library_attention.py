@@ -1,9 +1,9 @@
 """The prompt chunk's library kernels (``fusionc.runtime.library_attention``) compile with NVRTC
-for every storage dtype and RoPE style (no GPU needed: they run on the GPU in
+for every storage dtype, RoPE style and attention geometry (no GPU needed: they run on the GPU in
 tests/gpu/test_prefill_gpu.py)."""
 import pytest
 
-from fusionc.runtime.library_attention import rope_source, write_source
+from fusionc.runtime.library_attention import attention_source, rope_source, write_source
 from fusionc.runtime.nvrtc import compile_cubin
 
 
@@ -18,6 +18,13 @@ def test_rope_compiles(dtype, style):
 def test_cache_write_compiles(dtype):
     r = compile_cubin(write_source(dtype), "write.cu")
     assert r.cubin and "fc_kv_cache_write" in r.kernels
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+@pytest.mark.parametrize("g,d", [(4, 128), (1, 80), (8, 64), (2, 256), (3, 96)])
+def test_chunk_attention_compiles_without_spills(dtype, g, d):
+    r = compile_cubin(attention_source(dtype, g, d), "attention.cu")
+    assert r.cubin and r.spills == {"fc_chunk_attention": 0}
 
 
 def test_host_mirrors_skip_the_copy_back_inside_the_block_only():
