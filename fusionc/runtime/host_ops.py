@@ -1,6 +1,6 @@
 """The ops of a lowered host graph that are not fusionc kernel launches, on the GPU: library
-calls (cuBLAS GEMMs, with a bias), row-wise graph ops as CuPy kernels (RMSNorm, SiLU, SiLU·mul,
-add, mul, cast, the embedding's gather; feature splits and heads as views), a prompt chunk's
+calls (cuBLAS GEMMs, with a bias), row-wise graph ops as row kernels (RMSNorm, SiLU, SiLU·mul,
+add, mul, cast, the embedding's gather: :mod:`.row_kernels`; feature splits and heads as views), a prompt chunk's
 RoPE, KV-cache write and attention (:mod:`.library_attention`), the token blocks of
 ``split-tokens`` (views; each block's result written in place into its rows of the joined
 buffer), and the collectives (:mod:`.comm_ops`).
@@ -19,8 +19,6 @@ import numpy as np
 
 from fusionc.errors import InputError
 from fusionc.ir.ops.tokens import LIBRARY_OPS, SPLIT_ATTRS, part_symbol, split_sizes
-from fusionc.ir.nodes import Value
-from fusionc.ir.types import DType, TensorType
 from fusionc.runtime import library
 from fusionc.runtime.comm_ops import COMM_OPS
 

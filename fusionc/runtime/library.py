@@ -1,5 +1,5 @@
-"""Library calls on the GPU: cuBLAS GEMMs and row kernels (:mod:`fusionc.runtime.row_kernels`)
-for the graph ops that run outside fusionc's own kernels (prefill-sized tensors, the decode step's head). fp32
+"""Library calls on the GPU: cuBLAS GEMMs and row kernels
+(:mod:`fusionc.runtime.row_kernels`) for the graph ops that run outside fusionc's own kernels (prefill-sized tensors, the decode step's head). fp32
 arithmetic, one rounding to the storage dtype per op — the interpreter's rules.
 
 Storage dtypes as in :mod:`fusionc.runtime.arrays`: f16 arrays are float16, bf16 arrays uint16
@@ -40,17 +40,30 @@ def _rows(x) -> tuple:
     return x, (x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1]), copied
 
 
-def _row_op(ins: list, out, launch_of) -> None:
-    """Run row kernel ``launch_of(device, cols, row strides)`` over ``ins`` into ``out``, all
-    seen as ``[rows, cols]`` (:func:`_rows`; into a temporary copied to ``out`` where its rows
-    are not contiguous)."""
+def _row_op(ins: list, out, launch_of, op: str) -> None:
+    """Run row kernel ``launch_of(device, cols, row strides)`` of graph op ``op`` over ``ins``
+    into ``out``, all seen as ``[rows, cols]`` (:func:`_rows`; into a temporary copied to
+    ``out`` where its rows are not contiguous). DeviceError where a copy would be made while
+    the stream is being captured (the graph would replay into memory freed after the call)."""
+    if not out.size:
+        return
     stream, device = _on_stream()
-    views = [_rows(x)[:2] for x in ins]
+    views = [_rows(x) for x in ins]
     dst, ld, copied = _rows(out)
-    launch_of(device, dst.shape[1], tuple(s for _, s in views) + (ld,))(
-        [x.data.ptr for x, _ in views] + [dst.data.ptr], stream)
+    if (copied or any(c for _, _, c in views)) and _capturing(stream):
+        from fusionc.errors import DeviceError
+        raise DeviceError("an operand whose rows are not contiguous would need a copy during "
+                          "a CUDA-graph capture", op=op,
+                          valid="operands with contiguous rows (a split's halves are fine)")
+    launch_of(device, dst.shape[1], tuple(s for _, s, _ in views) + (ld,))(
+        [x.data.ptr for x, _, _ in views] + [dst.data.ptr], stream)
     if copied:
         out[...] = dst.reshape(out.shape)
+
+
+def _capturing(stream: int) -> bool:
+    import cupy
+    return bool(cupy.cuda.runtime.streamIsCapturing(stream))
 
 
 def rms_norm(x, w, eps: float, out, dtype: str) -> None:
@@ -59,13 +72,14 @@ def rms_norm(x, w, eps: float, out, dtype: str) -> None:
     from fusionc.runtime import row_kernels
     T, D = x.shape
     _row_op([x, w[None, :]], out,
-            lambda dev, cols, lds: row_kernels.rms_norm(dtype, T, D, float(eps), lds, dev))
+            lambda dev, cols, lds: row_kernels.rms_norm(dtype, T, D, float(eps), lds, dev),
+            "rms_norm")
 
 
 def _binary(name: str, a, b, out, dtype: str) -> None:
     from fusionc.runtime import row_kernels
     _row_op([a, b], out, lambda dev, cols, lds: row_kernels.binary(name, dtype, out.size, cols,
-                                                                   lds, dev))
+                                                                   lds, dev), name)
 
 
 def silu_mul(gate, up, out, dtype: str) -> None:
@@ -87,22 +101,19 @@ def silu(x, out, dtype: str) -> None:
     """``out = x · sigmoid(x)`` (SiLU, Hendrycks & Gimpel 2016), fp32 math, one rounding."""
     from fusionc.runtime import row_kernels
     _row_op([x], out, lambda dev, cols, lds: row_kernels.unary("silu", dtype, dtype, out.size,
-                                                               cols, lds, dev))
+                                                               cols, lds, dev), "silu")
 
 
 def cast(x, out, src: str, dst: str) -> None:
     """``out = x`` converted from dtype ``src`` to ``dst`` (through fp32: exact for every
-    16-bit value; round to nearest even into a 16-bit ``dst``). ``x`` may be broadcast
-    (a bias row over the batch): it is materialized first."""
+    16-bit value; round to nearest even into a 16-bit ``dst``; a copy when they are equal).
+    ``x`` may be broadcast (a bias row over the batch: a row stride of 0)."""
     import cupy
     from fusionc.runtime import row_kernels
     if x.shape != out.shape:
         x = cupy.broadcast_to(x, out.shape)
-    if src == dst:
-        out[...] = x
-        return
     _row_op([x], out, lambda dev, cols, lds: row_kernels.unary("cast", src, dst, out.size,
-                                                               cols, lds, dev))
+                                                               cols, lds, dev), "cast")
 
 
 def embedding(table, tokens, out) -> None:
@@ -112,20 +123,15 @@ def embedding(table, tokens, out) -> None:
     values here; the interpreter raises InputError, and ``fusionc.models.Decoder`` checks them
     on the host)."""
     from fusionc.runtime import row_kernels
-    for name, m in (("table", table), ("tokens", tokens)):
+    for name, m in (("table", table), ("tokens", tokens), ("out", out)):
         if not m.flags.c_contiguous:
             from fusionc.errors import InputError
             raise InputError(f"{name} has strides {m.strides}", op="embedding",
                              valid="a contiguous array")
-    import cupy
     vocab, hidden = table.shape
-    dt = _DTYPE_OF[table.dtype.name]
-    dst = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
     stream, device = _on_stream()
-    row_kernels.embedding(dt, tokens.size, vocab, hidden, device)(
-        [table.data.ptr, tokens.data.ptr, dst.data.ptr], stream)
-    if dst is not out:
-        out[...] = dst
+    row_kernels.embedding(_DTYPE_OF[table.dtype.name], tokens.size, vocab, hidden, device)(
+        [table.data.ptr, tokens.data.ptr, out.data.ptr], stream)
 
 
 # storage dtype name -> fusionc dtype (bf16 is stored as uint16 bits)

@@ -1,12 +1,12 @@
 """Library kernels of a prompt processed in chunks (issue 25, ``fusionc/models/prefill.py``) on
-the GPU: RoPE, the KV-cache write and causal attention over each sequence's cache, as CuPy
-kernels and cuBLAS GEMMs (``cupy.matmul``), fp32 arithmetic, one rounding per op: the
-interpreter's rules (``fusionc/ir/ops/rope.py``, ``fusionc/ir/ops/chunk.py``).
+the GPU: RoPE, the KV-cache write and causal attention over each sequence's cache, as CUDA
+kernels (CuPy's ``RawKernel``), fp32 arithmetic, one rounding per op: the interpreter's rules
+(``fusionc/ir/ops/rope.py``, ``fusionc/ir/ops/chunk.py``).
 
 These run outside CUDA graphs (a prompt's chunks are not captured): :func:`chunk_attention`
-needs ``seq_of`` and ``positions`` on the host to cut the rows into sequences (a caller that has
-them passes them through :func:`host_mirrors`, else they are copied back), and allocates its
-fp32 scores. Storage dtypes as in :mod:`fusionc.runtime.library` (bf16 as uint16 bits).
+checks ``seq_of`` and ``positions`` on the host (a caller that has them passes them through
+:func:`host_mirrors`, else they are copied back). Storage dtypes as in
+:mod:`fusionc.runtime.library` (bf16 as uint16 bits).
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import contextlib
 import functools
 
 import numpy as np
-
 
 
 # 16-bit storage (and fp32) <-> fp32 without headers: the kernels below compile with NVRTC as
@@ -31,6 +30,7 @@ __device__ __forceinline__ float fc_f32(unsigned short x) {
   return __uint_as_float(((unsigned int)x) << 16); }
 __device__ __forceinline__ unsigned short fc_bits(float v) {   // round to nearest even
   unsigned int u = __float_as_uint(v);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (unsigned short)((u >> 16) | 0x40u);   // NaN stays NaN
   return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); }
 """),
     "f32": ("float", r"""
@@ -137,8 +137,8 @@ def kv_cache_write(k_cache, v_cache, k, v, seq_of, positions, dtype: str) -> Non
 
 
 def attention_source(dtype: str, g: int, d: int) -> str:
-    """CUDA source of ``fc_chunk_attention``: one warp per (row t, KV head j) attends the ``g``
-    query heads of row t that share KV head j over keys ``0..positions[t]`` of sequence
+    """CUDA source of ``fc_chunk_attention``: one warp per (row t, group of ``g`` consecutive
+    query heads of one KV head j) attends them over keys ``0..positions[t]`` of sequence
     ``seq_of[t]``'s cache, 32 keys a step (a lane a key for the scores, a lane a feature for
     P·V), an online softmax in fp32 (Milakov & Gimelshein 2018; FlashAttention, Dao et al.
     2022, §3.1), fp32 math and one rounding (``fusionc/ir/ops/chunk.py``). The queries sit in
@@ -151,17 +151,17 @@ constexpr int G = {g}, D = {d}, DL = (D + 31) / 32;
 extern "C" __global__ void fc_chunk_attention(const {ty}* __restrict__ q,
     const {ty}* __restrict__ kc, const {ty}* __restrict__ vc, const int* __restrict__ seq_of,
     const int* __restrict__ pos, {ty}* __restrict__ out, int rows, int kvh, int seqs,
-    int s_max, float scale) {{
+    int s_max, float scale, int heads) {{
   extern __shared__ float qs_all[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, groups = heads / G;
   const long long w = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
-  if (w >= (long long)rows * kvh) return;   // no CTA barrier below
-  const int t = (int)(w / kvh), j = (int)(w % kvh), heads = kvh * G;
+  if (w >= (long long)rows * groups) return;   // no CTA barrier below
+  const int t = (int)(w / groups), h0 = (int)(w % groups) * G, j = h0 / (heads / kvh);
   float* const qs = qs_all + warp * G * D;
-  const {ty}* const qt = q + ((long long)t * heads + j * G) * D;
+  const {ty}* const qt = q + ((long long)t * heads + h0) * D;
   for (int i = lane; i < G * D; i += 32) qs[i] = fc_f32(qt[i]);
   __syncwarp();
-  {ty}* const ot = out + ((long long)t * heads + j * G) * D;
+  {ty}* const ot = out + ((long long)t * heads + h0) * D;
   const int sq = seq_of[t], n = pos[t] + 1;
   if (sq < 0 || sq >= seqs || n < 1 || n > s_max) {{
     for (int i = lane; i < G * D; i += 32) ot[i] = fc_bits(0.f);
@@ -247,7 +247,14 @@ def _dot(dtype: str, vec: bool) -> str:
 
 
 ATTN_WARPS = 8          # warps of a CTA; fewer where the queries would pass 48 KB of smem
-ATTN_SMEM = 48 * 1024   # CuPy's RawKernel launches without raising the dynamic smem limit
+ATTN_SMEM = 48 * 1024   # dynamic shared memory without raising the kernel's limit
+ATTN_GROUP = 8          # query heads of a warp at most (their o stays in registers: no spills)
+
+
+def head_group(g: int) -> int:
+    """Query heads of one warp: the largest divisor of ``g`` (heads per KV head) up to
+    :data:`ATTN_GROUP`."""
+    return max(x for x in range(1, min(g, ATTN_GROUP) + 1) if g % x == 0)
 
 
 def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
@@ -261,19 +268,27 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
     if not t_:
         return
     n_seq, s_max, hkv, _ = k_cache.shape
-    g = h // hkv
+    g = head_group(h // hkv)
     from types import SimpleNamespace
 
     from fusionc.ir.ops.chunk import check_rows
     check_rows(SimpleNamespace(name="chunk_attention", loc=None), _host(seq_of), _host(positions),
                n_seq, s_max)
+    if k_cache.data.ptr % 16 or v_cache.data.ptr % 16 or not (
+            k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+        from fusionc.errors import InputError
+        raise InputError("a KV cache that is not contiguous from a 16-byte aligned address",
+                         op="chunk_attention", valid="whole cache arrays (16-byte K/V loads)")
     warps = max(1, min(ATTN_WARPS, ATTN_SMEM // (g * d * 4)))
     kern = _kernel(attention_source(dtype, g, d), "fc_chunk_attention")
+    smem = warps * g * d * 4
+    if smem > ATTN_SMEM:   # one warp's queries alone (8 heads of head_dim > 384)
+        kern.max_dynamic_shared_size_bytes = smem
     dst = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
-    kern((-(-t_ * hkv // warps),), (32 * warps,),
+    kern((-(-t_ * (h // g) // warps),), (32 * warps,),
          (cupy.ascontiguousarray(q), k_cache, v_cache, cupy.ascontiguousarray(seq_of),
           cupy.ascontiguousarray(positions), dst, np.int32(t_), np.int32(hkv), np.int32(n_seq),
-          np.int32(s_max), np.float32(scale)), shared_mem=warps * g * d * 4)
+          np.int32(s_max), np.float32(scale), np.int32(h)), shared_mem=smem)
     if dst is not out:
         out[...] = dst
 

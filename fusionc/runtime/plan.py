@@ -76,7 +76,7 @@ def _plannable(op) -> bool:
 
 def _planned_run(cg, env, torch_mode, device):
     """The fast ``run(cg, args, ptrs)`` of a host graph of kernel launches, GEMMs, row-wise
-    CuPy ops and collectives on the caller's stream only; None for other graphs."""
+    ops and collectives on the caller's stream only; None for other graphs."""
     from fusionc.runtime.comm_ops import COMM_OPS
     host = cg.host
     if not all(_plannable(op) for op in host.body):
@@ -207,7 +207,8 @@ def _host_step(cg, op, env, torch_mode, index, fixed, current):
 
 def _row_step(op, env, device, index):
     """Row-wise op ``op`` (:data:`ROW_OPS`) as one row kernel on contiguous buffers, its
-    launch fixed for the signature's shape (:mod:`fusionc.runtime.row_kernels`)."""
+    launch fixed for the signature's shape and owned by the plan
+    (:mod:`fusionc.runtime.row_kernels`)."""
     from fusionc.runtime import row_kernels
     shape = op.result.type.concrete(env)
     dt, cols = op.result.type.dtype.value, shape[-1] if shape else 1
@@ -216,15 +217,16 @@ def _row_step(op, env, device, index):
         n *= d
     if op.name == "rms_norm":
         launch = row_kernels.rms_norm(dt, n // cols if cols else 0, cols, float(op.attr("eps")),
-                                      (cols,) * 3, device)
+                                      (cols,) * 3, device, cached=False)
     elif op.name == "embedding":
         vocab, hidden = op.operands[0].type.concrete(env)
-        launch = row_kernels.embedding(dt, n // hidden if hidden else 0, vocab, hidden, device)
+        launch = row_kernels.embedding(dt, n // hidden if hidden else 0, vocab, hidden, device,
+                                       cached=False)
     elif op.name in row_kernels.BINARY:
-        launch = row_kernels.binary(op.name, dt, n, cols, (cols,) * 3, device)
-    else:   # silu, cast
+        launch = row_kernels.binary(op.name, dt, n, cols, (cols,) * 3, device, cached=False)
+    else:   # silu, cast (a copy to the same dtype)
         launch = row_kernels.unary(op.name, op.operands[0].type.dtype.value, dt, n, cols,
-                                   (cols,) * 2, device)
+                                   (cols,) * 2, device, cached=False)
     get = tuple_getter([index[v.name] for v in op.operands] + [index[op.result.name]])
 
     def step(ptrs, stream):

@@ -7,8 +7,12 @@ arguments on every call: ~50 µs a kernel on the GPU machine's host (four host o
 a call, H100, 2026-12-07, ``benchmarks/host_overhead.py``). Here one module holds every kernel
 of every dtype, compiled once through the cubin cache (no GPU needed, as fusionc's kernels), and
 a :class:`RowLaunch` fixes grid, block and scalars for one shape: a launch writes the pointers
-and calls ``cuLaunchKernelEx``. Operands are contiguous; fp32 arithmetic, one rounding per op
-(the interpreter's rules). Storage as in :mod:`fusionc.runtime.library` (bf16 as uint16 bits).
+and calls ``cuLaunchKernelEx``. Operands are rows of contiguous elements (row strides given);
+fp32 arithmetic, one rounding per op (the interpreter's rules). Storage as in
+:mod:`fusionc.runtime.library` (bf16 as uint16 bits). Kernels are built for sm_90a, as all of
+fusionc's. The cached launches (:func:`binary`, ...) are shared by every caller in the process:
+like :class:`fusionc.runtime.launch.LoadedKernel`, not to be launched from two threads at once;
+a call plan makes its own (``cached=False``).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ __device__ __forceinline__ float to_f32_bf16(unsigned short x) {
   return __uint_as_float(((unsigned int)x) << 16); }
 __device__ __forceinline__ unsigned short from_f32_bf16(float v) {   // round to nearest even
   unsigned int u = __float_as_uint(v);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (unsigned short)((u >> 16) | 0x40u);   // NaN stays NaN
   return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); }
 __device__ __forceinline__ float to_f32_f32(float x) { return x; }
 __device__ __forceinline__ float from_f32_f32(float v) { return v; }
@@ -108,10 +113,9 @@ def source() -> str:
         parts.append(_elementwise("silu", dt, f"from_f32_{dt}(fc_silu(to_f32_{dt}(a[at_a])))",
                                   [("a", s)]))
         parts += [_rms_norm(dt), _embedding(dt)]
-        for src, t in _STORAGE.items():
-            if src != dt:
-                parts.append(_elementwise(f"cast_{src}", dt,
-                                          f"from_f32_{dt}(to_f32_{src}(a[at_a]))", [("a", t)]))
+        for src, t in _STORAGE.items():   # src == dt: a copy (through fp32: exact)
+            parts.append(_elementwise(f"cast_{src}", dt,
+                                      f"from_f32_{dt}(to_f32_{src}(a[at_a]))", [("a", t)]))
     return "\n".join(parts)
 
 
@@ -129,32 +133,25 @@ class RowLaunch:
     tensors in order and a raw stream handle, the scalars packed once. A launch over nothing
     is skipped. DeviceError if the launch fails."""
 
-    def __init__(self, kernel: str, device: int, ctas: int, scalars: tuple, tensors: int):
+    def __init__(self, kernel: str, device: int, ctas: int, scalars: tuple, tensors: int,
+                 lds: tuple = ()):
+        """``lds``: a row stride (elements) right after each tensor's pointer, as the
+        elementwise and RMSNorm kernels take them; ``scalars`` follow the tensors."""
         cu = _launch.driver()
         self.name, self.ctas = kernel, ctas
         self.function = _launch.check(cu.cuModuleGetFunction(_module(device), kernel.encode()),
                                       f"cuModuleGetFunction {kernel}")
         self.ptrs = (ctypes.c_uint64 * tensors)()
-        self._tensors, self._scalars = tensors, list(scalars)
-        self._order = [("p", i) for i in range(tensors)] + [("s", s) for s in scalars]
-        self._pack()
+        strides = [ctypes.c_longlong(x) for x in lds]
+        self._scalars = strides + list(scalars)   # the argv slots point into these
+        order = [x for i in range(tensors) for x in
+                 ((ctypes.addressof(self.ptrs) + 8 * i,) +
+                  ((ctypes.addressof(strides[i]),) if lds else ()))]
+        order += [ctypes.addressof(x) for x in scalars]
+        self.argv = (ctypes.c_void_p * len(order))(*order)
+        self.address = ctypes.addressof(self.argv)
         self._configs: dict = {}
         self._go = cu.cuLaunchKernelEx
-
-    def interleave(self, after: tuple) -> None:
-        """Put scalar ``after[i]`` right after pointer ``i`` (a row stride after its tensor),
-        ahead of the other scalars."""
-        self._scalars += list(after)
-        self._order = [x for i, s in enumerate(after) for x in (("p", i), ("s", s))] + \
-            self._order[self._tensors:]
-        self._pack()
-
-    def _pack(self) -> None:
-        self.argv = (ctypes.c_void_p * len(self._order))()
-        for j, (kind, x) in enumerate(self._order):
-            self.argv[j] = ctypes.addressof(self.ptrs) + 8 * x if kind == "p" else \
-                ctypes.addressof(x)
-        self.address = ctypes.addressof(self.argv)
 
     def __call__(self, ptrs, stream: int) -> None:
         if not self.ctas:
@@ -183,45 +180,49 @@ def _ctas(n: int) -> int:
     return min(-(-n // THREADS), MAX_CTAS)
 
 
-def _lds(lds) -> tuple:
-    return tuple(ctypes.c_longlong(x) for x in lds)
+def _cached(make):
+    """``make(..., cached=True)`` through a process-wide cache of launches (the general path);
+    ``cached=False``: a launch of the caller's own (a call plan's step)."""
+    shared = functools.lru_cache(maxsize=1024)(make)
+
+    @functools.wraps(make)
+    def get(*args, cached: bool = True):
+        return shared(*args) if cached else make(*args)
+    get.cache_clear = shared.cache_clear
+    return get
 
 
-@functools.lru_cache(maxsize=1024)
+@_cached
 def binary(name: str, dt: str, n: int, cols: int, lds: tuple, device: int) -> RowLaunch:
     """``y = a ∘ b`` (:data:`BINARY` ``name``) over ``n`` elements in rows of ``cols``, row
     strides ``lds`` (a, b, y; elements): pointers (a, b, y)."""
     return _strided(f"fc_{name}_{dt}", device, n, cols, lds)
 
 
-@functools.lru_cache(maxsize=1024)
+@_cached
 def unary(name: str, src: str, dst: str, n: int, cols: int, lds: tuple,
           device: int) -> RowLaunch:
     """``y = silu(a)`` (``name`` "silu", src == dst) or the cast ``src`` → ``dst``
-    (``name`` "cast") over ``n`` elements in rows of ``cols``, row strides ``lds`` (a, y):
-    pointers (a, y)."""
+    (``name`` "cast"; a copy when they are equal) over ``n`` elements in rows of ``cols``, row
+    strides ``lds`` (a, y): pointers (a, y)."""
     kernel = f"fc_silu_{dst}" if name == "silu" else f"fc_cast_{src}_{dst}"
     return _strided(kernel, device, n, cols, lds)
 
 
 def _strided(kernel: str, device: int, n: int, cols: int, lds: tuple) -> RowLaunch:
     """An elementwise launch: argument order (x, ld_x)..., (y, ld_y), cols, n."""
-    launch = RowLaunch(kernel, device, _ctas(n) if cols else 0,
-                       (ctypes.c_longlong(max(cols, 1)), ctypes.c_longlong(n)), len(lds))
-    launch.interleave(_lds(lds))
-    return launch
+    return RowLaunch(kernel, device, _ctas(n) if cols else 0,
+                     (ctypes.c_longlong(max(cols, 1)), ctypes.c_longlong(n)), len(lds), lds)
 
 
-@functools.lru_cache(maxsize=1024)
+@_cached
 def rms_norm(dt: str, rows: int, d: int, eps: float, lds: tuple, device: int) -> RowLaunch:
     """RMSNorm of ``rows`` rows of ``d``, row strides ``lds`` (x, w, y): pointers (x, w, y)."""
-    launch = RowLaunch(f"fc_rms_norm_{dt}", device, rows if d else 0,
-                       (ctypes.c_int(d), ctypes.c_float(eps)), 3)
-    launch.interleave(_lds(lds))
-    return launch
+    return RowLaunch(f"fc_rms_norm_{dt}", device, rows if d else 0,
+                     (ctypes.c_int(d), ctypes.c_float(eps)), 3, lds)
 
 
-@functools.lru_cache(maxsize=1024)
+@_cached
 def embedding(dt: str, rows: int, vocab: int, hidden: int, device: int) -> RowLaunch:
     """``y[b] = table[tokens[b]]`` for ``rows`` ids: pointers (table, tokens, y)."""
     n = rows * hidden

@@ -113,24 +113,15 @@ def test_embedding_gathers_rows_and_zeros_ids_outside(dt):
     assert np.array_equal(_host(out, dt), want)
 
 
-def host_ops_graph():
-    """``x + silu(rms_norm(x) · wᵀ)``, bf16, hidden 1024 (benchmarks/host_overhead_cpu.py)."""
-    import fusionc as fc
-    T = fc.dtype("bf16")
-
-    @fc.graph
-    def host_ops(x: T["B", 1024], norm: T[1024], w: T[1024, 1024]):
-        return x + fc.silu(fc.linear(fc.rms_norm(x, norm, 1e-5), w))
-    return host_ops
-
-
 def test_a_planned_library_call_launches_row_kernels():
     """The host-ops graph (RMSNorm, a GEMM, SiLU, add) on the library path: the second call
     (planned: raw row steps, no CuPy kernel) equals the first (checked path) and float64."""
     import cupy
 
     import fusionc
-    cg = fusionc.compile(host_ops_graph(), max_batch=8, pipeline="fold-views,lower-library")
+    from benchmarks.host_overhead_cpu import host_ops_graph
+    cg = fusionc.compile(host_ops_graph("bf16"), max_batch=8,
+                         pipeline="fold-views,lower-library")
     rng = np.random.default_rng(3)
     x, n = (_rounded(rng.standard_normal(s), "bf16") for s in ((8, 1024), (1024,)))
     w = _rounded(rng.standard_normal((1024, 1024)) / 32, "bf16")
@@ -146,7 +137,8 @@ def test_a_planned_library_call_launches_row_kernels():
 
 
 @pytest.mark.parametrize("dt,heads,kvh,d", [("bf16", 32, 8, 128), ("f16", 4, 4, 80),
-                                            ("f32", 6, 2, 64), ("bf16", 8, 1, 256)])
+                                            ("f32", 6, 2, 64), ("bf16", 8, 1, 256),
+                                            ("f16", 32, 2, 64)])   # 16 a KV head: 2 warps
 def test_chunk_attention_matches_float64(dt, heads, kvh, d):
     """Rows of two sequences (the second starting mid-cache: an earlier chunk's keys), each
     row causal up to its position, one launch (fusionc.runtime.library_attention)."""

@@ -15,7 +15,7 @@ def test_every_kernel_compiles_without_spills():
     r = compile_cubin(row_kernels.source(), "row_kernels.cu")
     want = {f"fc_{op}_{dt}" for dt in DTYPES
             for op in ("add", "mul", "silu_mul", "silu", "rms_norm", "embedding")}
-    want |= {f"fc_cast_{s}_{d}" for s in DTYPES for d in DTYPES if s != d}
+    want |= {f"fc_cast_{s}_{d}" for s in DTYPES for d in DTYPES}   # s == d: a copy
     assert want <= set(r.kernels), want - set(r.kernels)
     assert not any(r.spills.values()), r.spills
 
@@ -63,3 +63,24 @@ def test_a_planned_library_call_is_row_kernels_and_a_gemm(fake):
     cg(**args)
     assert fake.launches - n == 3
     assert all(p.run is not None for p in cg._plans.values())
+
+
+def test_a_cast_to_its_own_dtype_is_planned_as_a_copy(fake):
+    """``cast`` to the dtype a value has survives lowering; the plan launches the copy kernel
+    (there was none: the plan's construction failed after a good first call)."""
+    import numpy as np
+
+    import fusionc as fc
+    from benchmarks.cpu_fakes import fake_cupy_array
+    T = fc.dtype("f16")
+
+    @fc.graph
+    def same(x: T["B", 256]):
+        return fc.cast(fc.silu(x), "f16")
+    cg = fc.compile(same, max_batch=4, pipeline="fold-views,lower-library")
+    assert [op.name for op in cg.host.body] == ["silu", "cast"]
+    x = fake_cupy_array((3, 256), np.float16)
+    cg(x)
+    n = fake.launches
+    cg(x)
+    assert fake.launches - n == 2 and all(p.run is not None for p in cg._plans.values())

@@ -102,8 +102,8 @@ MLA_SMALL_ROWS, MLA_SMALL_BLOCK = 2, 32
 
 def block_heads(heads: int, dtype: DType | None = None, max_batch: int = 16) -> int:
     """Query heads of one unit (the op's ``block``): 16, 32 or 64 (one, two or four 16-row mma
-    tiles), the fewest that hold ``heads`` up to 64; above 64, blocks of 64 (the last one
-    padded), or ``MLA_SMALL_BLOCK`` up to ``MLA_SMALL_ROWS`` rows (the measurement above).
+    tiles). Up to 32 heads, the fewest that hold them; above, blocks of 64 (the last one
+    padded), or of ``MLA_SMALL_BLOCK`` up to ``MLA_SMALL_ROWS`` rows (the measurement above).
     fp32 (FMA, rows of 4 bytes in shared memory): always 16."""
     if dtype == DType.f32:
         return 16
@@ -203,7 +203,6 @@ def _simulate(op, args, cta):
     q, ql, kva, pos, lens = (read(op.operands[i]) for i in (0, 1, 2, 4, 5))
     kv_norm = read(op.operands[7]) if len(op.operands) == 8 else None
     heads, lat, rope, S = _dims(op)
-    dt = op.operands[0].type.dtype
     hb, grid = op.attr("block"), op.attr("grid")
     nb = head_blocks(heads, hb)
     L, splits = split_plan(lens, nb, grid, S, op.attr("tile"))
