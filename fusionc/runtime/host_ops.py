@@ -120,9 +120,10 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
 
 
 def _views(op, x, env: dict) -> list:
-    if op.name == "split":
+    if op.name == "split":   # along its axis (the last one for a feature split)
         cuts = np.cumsum((0,) + tuple(op.attr("sizes")))
-        return [x[..., a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        axis = op.attr("axis") % x.ndim
+        return [x[(slice(None),) * axis + (slice(a, b),)] for a, b in zip(cuts[:-1], cuts[1:])]
     sizes = split_sizes(x.shape[0], **{a.name: op.attr(a.name) for a in SPLIT_ATTRS})
     bind_blocks(env, op.operands[0].type.shape[0], sizes, op)
     cuts = np.cumsum([0] + sizes)

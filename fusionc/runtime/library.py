@@ -251,21 +251,22 @@ def head_gemm(x, w, out, dtype: str) -> None:
         out.data.ptr, t, H * N, N, H, 68, _GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
 
 
-def gemm_plan(T: int, K: int, N: int, dtype: str, device: int, out_dtype: str | None = None):
-    """:func:`gemm` of contiguous ``x [T, K]``, ``w [N, K]`` and ``out [T, N]`` (of
-    ``out_dtype``, default ``dtype``) fixed once:
+def gemm_plan(T: int, K: int, N: int, dtype: str, device: int, out_dtype: str | None = None,
+              ldx: int | None = None):
+    """:func:`gemm` of ``x [T, K]`` (rows ``ldx`` elements apart, default K), contiguous
+    ``w [N, K]`` and ``out [T, N]`` (of ``out_dtype``, default ``dtype``) fixed once:
     returns ``run(stream, x_ptr, w_ptr, out_ptr)`` for a stream handle and device pointers
     (the cached call path of :mod:`fusionc.runtime.plan`; nothing is checked per call)."""
     if T == 0:
         return lambda stream, x, w, out: None
     handles, lib = _HANDLES, _cublas()
     t, to, a = CUDA_R[dtype], CUDA_R[out_dtype or dtype], _ONE_ZERO.ctypes.data
-    call = lib.cublasGemmEx
+    call, lx = lib.cublasGemmEx, ldx or K
 
     def run(stream, x, w, out):
         h = handles.get((device, stream))
         if h is None:
             h = handle_for(device, stream)
-        _check(call(h, 1, 0, N, T, K, a, w, t, K, x, t, K, a + 4, out, to, N, 68,
+        _check(call(h, 1, 0, N, T, K, a, w, t, K, x, t, lx, a + 4, out, to, N, 68,
                     _GEMM_DEFAULT), "cublasGemmEx")
     return run

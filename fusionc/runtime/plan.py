@@ -18,10 +18,13 @@ there is no bias), row-wise ops (RMSNorm, SiLU, add, ..., the embedding: :data:`
 kernels launched with raw pointers, :mod:`fusionc.runtime.row_kernels`), the other host
 compute ops (:data:`fusionc.runtime.host_ops.HOST_COMPUTE`: a biased GEMM, MLA's head GEMMs;
 CuPy views made once where the buffer is fixed) and collectives on the caller's stream
-(tensor-parallel layers without a token split) run fully planned. Graphs with views,
-prompt-chunk ops or side-stream collectives, and calls given ``outputs=``, run the general
-path with the signature's checks and dims reused (:meth:`Plan.views`: CuPy views of torch
-arguments made without checks, cached per address).
+(tensor-parallel layers without a token split) run fully planned, and so do feature splits
+and reshapes (:data:`VIEW_OPS`: a piece is its base buffer's pointer plus an offset, rows a
+stride apart, which the row kernels and a GEMM's x take). Graphs with prompt-chunk ops, token
+splits, side-stream collectives or pieces that a fused kernel or a graph output would need
+whole, and calls given ``outputs=``, run the general path with the signature's checks and dims
+reused (:meth:`Plan.views`: CuPy views of torch arguments made without checks, cached per
+address).
 """
 from __future__ import annotations
 
@@ -62,6 +65,10 @@ class Plan:
 
 # host ops the plan launches as row kernels with raw pointers (float operands, contiguous)
 ROW_OPS = frozenset({"rms_norm", "silu_mul", "add", "mul", "silu", "cast", "embedding"})
+# views the plan follows as (base buffer, byte offset, row stride): a feature split's pieces
+# and reshapes; the ops that read a strided piece take its row stride (row kernels but the
+# embedding, a GEMM's x)
+VIEW_OPS = frozenset({"split", "reshape"})
 
 
 def _plannable(op) -> bool:
@@ -71,7 +78,7 @@ def _plannable(op) -> bool:
     from fusionc.runtime.comm_ops import COMM_OPS
     from fusionc.runtime.host_ops import HOST_COMPUTE
     return op.name == "launch" or op.name in HOST_COMPUTE or op.name in ROW_OPS or \
-        op.name in COMM_OPS and op.attr("stream") == 0
+        op.name in VIEW_OPS or op.name in COMM_OPS and op.attr("stream") == 0
 
 
 def _planned_run(cg, env, torch_mode, device):
@@ -100,7 +107,14 @@ def _planned_run(cg, env, torch_mode, device):
             allocs.append(lambda obj=obj, ptr=ptr: (obj, ptr))
         return index[r.name]
 
+    views: dict = {}   # value name -> (byte offset, row stride in elements): a strided piece
     for op in host.body:
+        if op.name in VIEW_OPS:
+            if not _plan_view(op, env, index, views, cg._outs):
+                return None
+            continue
+        if any(v.name in views for v in op.operands) and not _reads_views(op):
+            return None   # the general path copies such pieces
         if _on_cupy(op):   # a collective or a CuPy op
             for r in op.results:
                 output(r, r)
@@ -110,11 +124,12 @@ def _planned_run(cg, env, torch_mode, device):
                 steps.append(_host_step(cg, op, env, torch_mode, index, fixed, current))
             continue
         if op.name == "library_call":
-            steps.append(_gemm_step(op, env, device, index, output(op.result, op.result)))
+            steps.append(_gemm_step(op, env, device, index, output(op.result, op.result),
+                                    views))
             continue
         if op.name in ROW_OPS:
             output(op.result, op.result)
-            steps.append(_row_step(op, env, device, index))
+            steps.append(_row_step(op, env, device, index, views))
             continue
         k = cg.module[op.attr("kernel").name]
         lk = cg._loaded[k.name]
@@ -160,9 +175,41 @@ def _planned_run(cg, env, torch_mode, device):
 
 def _on_cupy(op) -> bool:
     """A host op the plan runs through CuPy (a collective, a biased GEMM, a head GEMM), not by
-    a raw launch, a row kernel or a raw-pointer GEMM: the call then enters the caller's stream
-    as CuPy's."""
-    return op.name != "launch" and op.name not in ROW_OPS and not _fast_gemm(op)
+    a raw launch, a row kernel, a raw-pointer GEMM or a view: the call then enters the
+    caller's stream as CuPy's."""
+    return op.name != "launch" and op.name not in ROW_OPS and op.name not in VIEW_OPS and \
+        not _fast_gemm(op)
+
+
+def _plan_view(op, env, index, views, outs) -> bool:
+    """Follow view op ``op``: a reshape aliases its operand's buffer; piece k of a feature
+    split (``sizes`` along the last axis of a contiguous ``[..., C]``) starts ``cut_k``
+    elements into each row of C. False (no plan) for a view of a strided piece or a view that
+    is a graph output (the general path gives those their own buffers)."""
+    x = op.operands[0]
+    if x.name in views or any(r.name in outs for r in op.results):
+        return False
+    if op.name == "reshape":
+        index[op.result.name] = index[x.name]
+        return True
+    if op.attr("axis") % x.type.rank != x.type.rank - 1:
+        return False   # pieces of rows: the general path's views
+    cols, item, cut = x.type.concrete(env)[-1], x.type.dtype.itemsize, 0
+    for r, n in zip(op.results, op.attr("sizes")):
+        index[r.name] = index[x.name]
+        if r.type.rank != 2:
+            return False   # rows of a rank-2 piece only: one stride between them
+        views[r.name] = (cut * item, cols)
+        cut += n
+    return True
+
+
+def _reads_views(op) -> bool:
+    """Whether the plan's step for ``op`` takes strided pieces: a row kernel (not the
+    embedding) or a raw-pointer GEMM's x (its weight must be whole)."""
+    if op.name in ROW_OPS:
+        return op.name != "embedding"
+    return _fast_gemm(op)
 
 
 def _fast_gemm(op) -> bool:
@@ -205,7 +252,19 @@ def _host_step(cg, op, env, torch_mode, index, fixed, current):
     return step
 
 
-def _row_step(op, env, device, index):
+def _pointers(operands, index, views, cols_of):
+    """``(get(ptrs) -> the operands' device pointers, their row strides)``: a strided piece's
+    pointer is its base buffer's plus its offset."""
+    idx = [index[v.name] for v in operands]
+    at = [views.get(v.name, (0, cols_of(v))) for v in operands]
+    lds = tuple(ld for _, ld in at)
+    if not any(off for off, _ in at):
+        return tuple_getter(idx), lds
+    offs = tuple(off for off, _ in at)
+    return (lambda ptrs: tuple(ptrs[i] + o for i, o in zip(idx, offs))), lds
+
+
+def _row_step(op, env, device, index, views):
     """Row-wise op ``op`` (:data:`ROW_OPS`) as one row kernel on contiguous buffers, its
     launch fixed for the signature's shape and owned by the plan
     (:mod:`fusionc.runtime.row_kernels`)."""
@@ -215,22 +274,25 @@ def _row_step(op, env, device, index):
     n = 1
     for d in shape:
         n *= d
+    ins, lds = _pointers(op.operands, index, views,
+                         lambda v: (v.type.concrete(env) or (1,))[-1])
+    lds += (cols,)
     if op.name == "rms_norm":
         launch = row_kernels.rms_norm(dt, n // cols if cols else 0, cols, float(op.attr("eps")),
-                                      (cols,) * 3, device, cached=False)
+                                      lds, device, cached=False)
     elif op.name == "embedding":
         vocab, hidden = op.operands[0].type.concrete(env)
         launch = row_kernels.embedding(dt, n // hidden if hidden else 0, vocab, hidden, device,
                                        cached=False)
     elif op.name in row_kernels.BINARY:
-        launch = row_kernels.binary(op.name, dt, n, cols, (cols,) * 3, device, cached=False)
+        launch = row_kernels.binary(op.name, dt, n, cols, lds, device, cached=False)
     else:   # silu, cast (a copy to the same dtype)
-        launch = row_kernels.unary(op.name, op.operands[0].type.dtype.value, dt, n, cols,
-                                   (cols,) * 2, device, cached=False)
-    get = tuple_getter([index[v.name] for v in op.operands] + [index[op.result.name]])
+        launch = row_kernels.unary(op.name, op.operands[0].type.dtype.value, dt, n, cols, lds,
+                                   device, cached=False)
+    out = index[op.result.name]
 
     def step(ptrs, stream):
-        launch(get(ptrs), stream)
+        launch(ins(ptrs) + (ptrs[out],), stream)
     return step
 
 
@@ -257,16 +319,18 @@ def _comm_step(cg, op, env, torch_mode, index, fixed, current):
     return step
 
 
-def _gemm_step(op, env, device, index, out):
-    """``out = x · wᵀ`` of ``library_call`` op (operands and result contiguous: arguments
-    that passed their checks, or buffers allocated by the plan)."""
+def _gemm_step(op, env, device, index, out, views):
+    """``out = x · wᵀ`` of ``library_call`` op (w and the result contiguous: arguments that
+    passed their checks, or buffers allocated by the plan; x may be a strided piece of a
+    split, :func:`_plan_view`)."""
     from fusionc.runtime.library import gemm_plan
     x, w = op.operands
     T, K = x.type.concrete(env)
+    off, ldx = views.get(x.name, (0, K))
     run = gemm_plan(T, K, w.type.concrete(env)[0], x.type.dtype.value, device,
-                    op.result.type.dtype.value)
+                    op.result.type.dtype.value, ldx)
     ix, iw = index[x.name], index[w.name]
 
     def step(ptrs, stream):
-        run(stream, ptrs[ix], ptrs[iw], ptrs[out])
+        run(stream, ptrs[ix] + off, ptrs[iw], ptrs[out])
     return step

@@ -84,3 +84,59 @@ def test_a_cast_to_its_own_dtype_is_planned_as_a_copy(fake):
     n = fake.launches
     cg(x)
     assert fake.launches - n == 2 and all(p.run is not None for p in cg._plans.values())
+
+
+def test_a_split_is_planned_as_strided_pieces(fake, monkeypatch):
+    """The MLP of a prompt chunk on the library path (RMSNorm, the fused gate/up GEMM, its split,
+    SiLU·mul, the down GEMM, add): planned, the split's halves passed to SiLU·mul as the gate/up
+    buffer's pointer and that plus I elements, rows 2·I apart, as the checked first call
+    passes them; a GEMM reads a piece with its row stride (ldb of cuBLAS's x^T)."""
+    import numpy as np
+
+    import fusionc
+    from benchmarks.cpu_fakes import fake_cupy_array
+    from fusionc.models.blocks import mlp_block
+    from fusionc.runtime import library
+    calls = []
+    launch = row_kernels.RowLaunch.__call__
+
+    def record(self, ptrs, stream):
+        strides = [s.value for s in self._scalars[:len(ptrs)]] if self.name.startswith(
+            ("fc_silu_mul", "fc_add")) else []
+        calls.append((self.name, tuple(ptrs), tuple(strides)))
+        return launch(self, ptrs, stream)
+    monkeypatch.setattr(row_kernels.RowLaunch, "__call__", record)
+    monkeypatch.setattr(library._cublas(), "cublasGemmEx",
+                        lambda *a: calls.append(("gemm", (a[7], a[10], a[14]), (a[12],))) or 0)
+    cg = fusionc.compile(mlp_block(hidden=256, intermediate=512, eps=1e-5, dtype="f16"),
+                         max_batch=4, pipeline="fold-views,lower-library")
+    shapes = {"x": (3, 256), "mlp_norm": (256,), "w_gate_up": (1024, 256), "w_down": (256, 512)}
+    args = {k: fake_cupy_array(s, np.float16) for k, s in shapes.items()}
+    cg(**args)
+    cg(**args)
+    assert all(p.run is not None for p in cg._plans.values())
+    first, second = calls[:5], calls[5:]
+    assert [c[0] for c in second] == ["fc_rms_norm_f16", "gemm", "fc_silu_mul_f16", "gemm",
+                                      "fc_add_f16"]
+    gate_up = second[1][1][2]   # the first GEMM's output
+    assert second[2][1][:2] == (gate_up, gate_up + 512 * 2) and second[2][2] == (1024, 1024, 512)
+    assert first[:4] == second[:4]   # the general path's pointers and strides, the same
+    assert second[1][2] == (256,) and second[3][2] == (512,)   # ldb: x's rows (contiguous)
+
+
+
+def test_a_split_of_rows_is_sliced_along_its_axis():
+    """``split`` along axis 0 on the library path: the general path's views cut rows (they cut
+    the last axis whatever the axis was), and the plan leaves such pieces to it."""
+    import numpy as np
+
+    from fusionc.ir import parse_module
+    from fusionc.runtime.host_ops import _views
+    g = parse_module("""
+graph @g(%x: f16[4, 6]) {
+  %a, %b = split(%x) {axis = 0, sizes = [1, 3]} : f16[1, 6], f16[3, 6]
+  return %a, %b
+}""").graphs[0]
+    x = np.arange(24).reshape(4, 6)
+    a, b = _views(g.body[0], x, {})
+    assert a.shape == (1, 6) and b.shape == (3, 6) and (b == x[1:]).all()
