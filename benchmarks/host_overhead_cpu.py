@@ -66,8 +66,8 @@ def linear_graph(dtype="f16"):
 
 
 def host_ops_graph(dtype="f16"):
-    """Graph ``@host_ops``: ``x + silu(rms_norm(x) · wᵀ)`` on the library path (a CuPy RMSNorm,
-    a cuBLAS GEMM, CuPy SiLU and add: four host ops, no fusionc kernel), hidden 1024."""
+    """Graph ``@host_ops``: ``x + silu(rms_norm(x) · wᵀ)`` on the library path (an RMSNorm, a
+    cuBLAS GEMM, SiLU and add: four host ops as row kernels and a GEMM, no fused kernel), hidden 1024."""
     import fusionc as fc
     T = fc.dtype(dtype)
 

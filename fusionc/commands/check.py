@@ -89,7 +89,7 @@ def output_label(v, i: int) -> str:
 
 def lowering_notes(name: str, lowered) -> list[str]:
     """Lines that say how graph ``name`` was lowered when it is not one fused kernel per block:
-    library calls (cuBLAS GEMMs, CuPy kernels) instead of fusionc kernels."""
+    library calls (cuBLAS GEMMs, row kernels) instead of fused fusionc kernels."""
     host = lowered[name]
     calls = [op for op in host.body if op.name == "library_call"]
     if not calls:
@@ -100,7 +100,7 @@ def lowering_notes(name: str, lowered) -> list[str]:
             "lower-library: many tokens, no block the fused kernels cover, or on lowering v2 "
             "a batch past the fused kernels' bucket or where the cost table measured it "
             "faster), the other ops as "
-            f"CuPy kernels; {fused}"]
+            f"row kernels; {fused}"]
 
 
 def random_inputs(g, batch: int, rng, max_len: int = 37) -> dict:

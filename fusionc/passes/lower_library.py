@@ -1,8 +1,9 @@
 """Pass ``lower-library``: linear layers over many tokens become library calls —
-``linear(x, w)`` → ``library_call(x, w) {fn = cublas_gemm}`` (one cuBLAS GEMM through CuPy,
+``linear(x, w)`` → ``library_call(x, w) {fn = cublas_gemm}`` (one cuBLAS GEMM,
 fp32 accumulation, a bias added by the GEMM). fusionc's fused cluster kernels are for decode (a few tokens); for prefill
 and large batches a GEMM-class library is faster. The rest of such a graph (RMSNorm,
-SiLU·mul, adds, splits) runs as CuPy elementwise kernels and the collectives as fusionc's
+SiLU·mul, adds, splits) runs as row kernels (:mod:`fusionc.runtime.row_kernels`; splits as
+views) and the collectives as fusionc's
 all-reduce kernels (:mod:`fusionc.runtime.host_ops`).
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ def pipeline_for(g: Graph, max_batch: int, cluster: int = 0, scheme: str = "auto
 def library_pipeline(g: Graph, split_tokens: int | None = None,
                      min_split_tokens: int = 4096) -> str:
     """The library path: views folded (``fold-views``), linears as cuBLAS GEMMs
-    (``lower-library``), the rest as CuPy kernels; with collectives, the tokens cut into
+    (``lower-library``), the rest as row kernels; with collectives, the tokens cut into
     ``split_tokens`` blocks (default 2)."""
     parts = split_tokens if split_tokens is not None else (2 if _has_collectives(g) else 1)
     return (f"fold-views,fuse-allreduce-norm,split-tokens{{parts={parts},"
@@ -181,7 +181,7 @@ def _not_mixed(g: Graph):
 
 def mixed_pipeline(max_batch: int) -> str:
     """The mixed path: views folded, the attention cores as ``attn_units`` kernels
-    (``attention-units``), the linears as cuBLAS GEMMs and the rest as CuPy kernels
+    (``attention-units``), the linears as cuBLAS GEMMs and the rest as row kernels
     (``lower-library``)."""
     return f"fold-views,fuse-allreduce-norm,attention-units{{max_batch={max_batch}}},lower-library"
 

@@ -157,7 +157,7 @@ def _planned_run(cg, env, torch_mode, device):
             args.append(obj)
             ptrs.append(ptr)
         try:
-            if on_cupy:   # CuPy's kernels and the collectives: on the caller's stream
+            if on_cupy:   # CuPy-run steps and the collectives: on the caller's stream
                 with arrays.external_stream(stream, device) as cs:
                     current[1] = cs
                     for step in steps:

@@ -34,7 +34,7 @@ CASES = [("mlp", 4096, 11008, "f16", 1, 1), ("mlp", 4096, 14336, "bf16", 3, 4),
          ("swiglu", 4096, 11008, "bf16", 128, 128), ("chain", 2048, 1000, "f16", 65, 128),
          ("heads", 4096, 11008, "f16", 4, 4), ("heads", 2048, 1000, "bf16", 40, 64)]
 # above the fused kernels' batch bucket (fused_rows: 128 rows on tensor cores, 16 on the FMA
-# paths) fusionc.compile takes the library path (cuBLAS GEMMs, CuPy elementwise kernels)
+# paths) fusionc.compile takes the library path (cuBLAS GEMMs, row kernels)
 LIB_CASES = [("mlp", 4096, 11008, "f16", 160, 160), ("mlp", 4096, 14336, "bf16", 255, 255),
              ("mlp", 4096, 14336, "f16", 256, 256), ("swiglu", 4096, 11008, "bf16", 129, 129),
              ("chain", 2048, 1000, "f16", 129, 129), ("mlp", 1003, 500, "f16", 32, 32),

@@ -269,7 +269,7 @@ def test_packer_table_takes_a_new_kind():
 
 
 def test_a_host_op_on_integers_is_named_at_compile_time():
-    """cast runs as a CuPy kernel on the library path: float operands only (its preambles)."""
+    """cast runs as a row kernel on the library path: float operands only."""
     import fusionc as fc
     from fusionc.errors import CompileError
 

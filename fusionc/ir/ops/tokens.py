@@ -31,7 +31,7 @@ from fusionc.ir.registry import (
 from fusionc.ir.types import FLOAT_DTYPES
 
 # Row-wise graph ops: split-tokens may cut them into token blocks, and the runtime runs them
-# outside fusionc kernels (cuBLAS, CuPy kernels, the collectives).
+# outside fusionc kernels (cuBLAS, row kernels, the collectives).
 HOST_ROWWISE = frozenset({"library_call", "head_linear", "rms_norm", "silu_mul", "add", "mul",
                           "silu", "cast", "split", "all_reduce",
                           "all_reduce_add", "all_reduce_add_rms_norm"})
