@@ -48,7 +48,8 @@ class Plan:
     """What one argument signature of a compiled graph fixes (see the module docstring).
 
     ``run`` is None unless every op of the host graph is one the planned path runs (launches,
-    GEMMs, row-wise CuPy ops, collectives on the caller's stream); otherwise it is
+    GEMMs, row-wise ops, feature splits and reshapes as views, collectives on the caller's
+    stream; see the module docstring for the views it leaves to the general path); otherwise it is
     ``run(cg, args, ptrs)`` for the arguments in parameter order and their device pointers.
     """
 
@@ -108,13 +109,18 @@ def _planned_run(cg, env, torch_mode, device):
         return index[r.name]
 
     views: dict = {}   # value name -> (byte offset, row stride in elements): a strided piece
+    aliases: set = set()   # reshape results: another shape of their operand's buffer
     for op in host.body:
         if op.name in VIEW_OPS:
             if not _plan_view(op, env, index, views, cg._outs):
                 return None
+            if op.name == "reshape":
+                aliases.add(op.result.name)
             continue
-        if any(v.name in views for v in op.operands) and not _reads_views(op):
+        if any(v.name in views for v in op.operands) and not _reads_views(op, views):
             return None   # the general path copies such pieces
+        if _on_cupy(op) and any(v.name in aliases for v in op.operands):
+            return None   # CuPy views of a reshape: the general path's
         if _on_cupy(op):   # a collective or a CuPy op
             for r in op.results:
                 output(r, r)
@@ -141,6 +147,8 @@ def _planned_run(cg, env, torch_mode, device):
         steps.append(lk.launcher(pack, tuple_getter(local[n] for n in pack.names)))
         for p, a in zip(k.params, op.operands):  # updated in place (KV caches)
             if p.name in result_of:
+                if a.name in aliases and result_of[p.name].name in cg._outs:
+                    return None   # the output would be the buffer in its base's shape
                 index[result_of[p.name].name] = index[a.name]
     result = tuple_getter(index[v.name] for v in host.outputs)
     import cupy
@@ -196,20 +204,20 @@ def _plan_view(op, env, index, views, outs) -> bool:
         return False   # pieces of rows: the general path's views
     cols, item, cut = x.type.concrete(env)[-1], x.type.dtype.itemsize, 0
     for r, n in zip(op.results, op.attr("sizes")):
-        index[r.name] = index[x.name]
         if r.type.rank != 2:
             return False   # rows of a rank-2 piece only: one stride between them
+        index[r.name] = index[x.name]
         views[r.name] = (cut * item, cols)
         cut += n
     return True
 
 
-def _reads_views(op) -> bool:
-    """Whether the plan's step for ``op`` takes strided pieces: a row kernel (not the
+def _reads_views(op, views) -> bool:
+    """Whether the plan's step for ``op`` takes its strided pieces: a row kernel (not the
     embedding) or a raw-pointer GEMM's x (its weight must be whole)."""
     if op.name in ROW_OPS:
         return op.name != "embedding"
-    return _fast_gemm(op)
+    return _fast_gemm(op) and op.operands[1].name not in views
 
 
 def _fast_gemm(op) -> bool:
@@ -265,7 +273,8 @@ def _pointers(operands, index, views, cols_of):
 
 
 def _row_step(op, env, device, index, views):
-    """Row-wise op ``op`` (:data:`ROW_OPS`) as one row kernel on contiguous buffers, its
+    """Row-wise op ``op`` (:data:`ROW_OPS`) as one row kernel (operands contiguous or
+    strided pieces, :func:`_pointers`; the output contiguous), its
     launch fixed for the signature's shape and owned by the plan
     (:mod:`fusionc.runtime.row_kernels`)."""
     from fusionc.runtime import row_kernels

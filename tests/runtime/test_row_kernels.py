@@ -140,3 +140,59 @@ graph @g(%x: f16[4, 6]) {
     x = np.arange(24).reshape(4, 6)
     a, b = _views(g.body[0], x, {})
     assert a.shape == (1, 6) and b.shape == (3, 6) and (b == x[1:]).all()
+
+
+def _library(graph, **kw):
+    import fusionc
+    return fusionc.compile(graph, max_batch=4, pipeline="fold-views,lower-library", **kw)
+
+
+def test_a_gemm_reads_a_piece_of_x_with_its_row_stride(fake, monkeypatch):
+    """``linear`` of a split's second half: cuBLAS gets the piece's address (the buffer's plus
+    256 elements) and its row stride (512) as x^T's ldb, as in the checked first call."""
+    import numpy as np
+
+    import fusionc as fc
+    from benchmarks.cpu_fakes import fake_cupy_array
+    from fusionc.runtime import library
+    T = fc.dtype("f16")
+
+    @fc.graph
+    def half(x: T["B", 512], w: T[128, 256]):
+        a, b = fc.split(x, [256, 256])
+        return fc.linear(b, w)
+    calls = []
+    monkeypatch.setattr(library._cublas(), "cublasGemmEx",
+                        lambda *a: calls.append((a[10], a[12])) or 0)
+    cg = _library(half)
+    x = fake_cupy_array((3, 512), np.float16)
+    cg(x, fake_cupy_array((128, 256), np.float16))
+    cg(x, fake_cupy_array((128, 256), np.float16))
+    assert all(p.run is not None for p in cg._plans.values())
+    assert calls[0] == calls[1] == (x.data.ptr + 256 * 2, 512)
+
+
+def test_pieces_the_plan_cannot_pass_keep_the_general_path(fake):
+    """A split piece as a GEMM's weight (cuBLAS's A takes no offset here), a split of rows
+    and a reshape that a CuPy-run op (a biased GEMM) reads: no plan, the general path runs."""
+    import fusionc as fc
+    T = fc.dtype("f16")
+
+    @fc.graph
+    def weight_piece(x: T["B", 256], wf: T[128, 512]):
+        a, b = fc.split(wf, [256, 256])
+        return fc.linear(x, b)
+
+    @fc.graph
+    def row_split(x: T[4, 256]):
+        a, b = fc.split(x, [1, 3], axis=0)
+        return fc.silu(b)
+
+    @fc.graph
+    def reshaped(x: T["B", 4, 64], w: T[128, 256], bias: T[128]):
+        return fc.linear(fc.reshape(x, ["B", 256]), w, bias)
+    from fusionc.runtime import plan
+    for g in (weight_piece, row_split, reshaped):
+        cg = _library(g)
+        assert any(op.name in plan.VIEW_OPS for op in cg.host.body), g
+        assert plan._planned_run(cg, {"B": 3}, False, 0) is None, g
