@@ -41,6 +41,9 @@ def main() -> int:
     test_attention_v2_edges_gpu.precompile()
     test_step_ends_gpu.precompile()
     test_prefill_gpu.precompile()
+    from fusionc.runtime import row_kernels
+    from fusionc.runtime.cache import compile_cached
+    compile_cached(row_kernels.source(), name="row_kernels.cu")   # the library path's kernels
     print(f"end-to-end cases and model decoders compiled in {time.time() - t0:.1f} s")
     for mod in (test_collectives_gpu, test_gemv_gpu, test_attention_gpu, test_grid_gpu,
                 test_graph_ops_gpu, test_examples_gpu, test_zz_negative_control_gpu):
