@@ -40,16 +40,16 @@ def setup(p):
     p.add_argument("--passes", metavar="PIPELINE",
                    help='run this pipeline first, e.g. "partition-cluster{size=4},fuse"')
     from fusionc.commands.compile import positive_int
-    p.add_argument("--lowering", choices=("auto", "v1", "v2"), default="auto",
+    p.add_argument("--lowering", choices=("auto", "v1", "v2"), default=None,
                    help="each graph's default pipeline for --after: auto (the default: "
                         "fusionc.compile's choice for that graph), v2 (fused streamed "
                         "kernels or the library path) or v1 (cluster kernels; MLA graphs "
                         "need v2 or auto: v1 has no MLA kernel)")
-    p.add_argument("--max-batch", type=positive_int, default=8,
+    p.add_argument("--max-batch", type=positive_int, default=None,
                    help="batch bucket of the v2 pipeline (default 8)")
-    p.add_argument("--batch", type=positive_int, default=1,
+    p.add_argument("--batch", type=positive_int, default=None,
                    help="batch for the cost table (default 1)")
-    p.add_argument("--kv-len", type=positive_int, default=4096,
+    p.add_argument("--kv-len", type=positive_int, default=None,
                    help="KV length for the cost table (default 4096)")
 
     def run(args):
@@ -66,6 +66,8 @@ def setup(p):
             module = Module((module[args.graph],))   # passes run on the chosen graph only
         if args.after or args.passes:
             module = run_passes(module, args)
+        else:
+            _note_unused(args)
         if args.graph is None:
             print(print_module(module), end="")
         elif args.graph in module.names:
@@ -120,7 +122,7 @@ def _pipelines(module, args) -> dict[str, str]:
     module that already holds kernels (a lowered .fir) runs as one: its first host graph's."""
     from fusionc.runtime.pipelines import default_lowering, pipeline_for, v2_default_pipeline
     mb = getattr(args, "max_batch", None) or 8
-    lowering = getattr(args, "lowering", "auto")
+    lowering = getattr(args, "lowering", None) or "auto"
     out = {}
     for g in module.graphs:
         if args.passes or g.kind != "graph":
@@ -146,7 +148,7 @@ def _no_such_pass(module, args, skipped: list) -> None:
     why = ""
     if "lower-library" in names and not args.passes:
         why = _library_why(module, names, getattr(args, "max_batch", None) or 8)
-    elif not args.passes and getattr(args, "lowering", "auto") != "v1" and \
+    elif not args.passes and (getattr(args, "lowering", None) or "auto") != "v1" and \
             args.after in DEFAULT_PIPELINE.split(","):
         why = " (it is a pass of lowering v1: add --lowering v1)"
     raise PassError(f"--after {args.after}: no such pass in the pipeline{why}",
@@ -170,6 +172,29 @@ def _library_why(module, names: list, max_batch: int) -> str:
             " past the fused bucket or where the cost table measured it faster; the"
             " fused kernels: --passes \"$(python -c 'from fusionc.passes.stream"
             f" import v2_pipeline; print(v2_pipeline({max_batch}))')\")")
+
+
+def _note_unused(args) -> None:
+    """A stderr note naming the options given that only act with --after or --passes."""
+    given = [flag for flag, v in (("--lowering", args.lowering), ("--max-batch", args.max_batch),
+                                  ("--batch", args.batch), ("--kv-len", args.kv_len))
+             if v is not None]
+    if given:
+        verb = "acts" if len(given) == 1 else "act"
+        print(f"fusionc: note: {', '.join(given)} only {verb} with --after or --passes "
+              "(the traced graphs are printed as they are)", file=sys.stderr)
+
+
+def _check_batch(kernels, batch: int) -> None:
+    """InputError when the cost table's ``--batch`` is past a kernel's batch bucket (its
+    launches would refuse that batch)."""
+    over = [k.name for k in kernels if k.attr("max_batch") is not None and
+            batch > k.attr("max_batch")]
+    if over:
+        from fusionc.errors import InputError
+        top = min(k.attr("max_batch") for k in kernels if k.name in over)
+        raise InputError(f"--batch {batch} is past the batch bucket of @{over[0]} ({top})",
+                         op=over[0], valid=f"--batch <= {top}, or a larger --max-batch")
 
 
 def run_passes(module, args):
@@ -202,8 +227,10 @@ def run_passes(module, args):
     module = Module(tuple(g for m in done for g in m.graphs))
     kernels = [g for g in module.graphs if g.kind == "kernel"]
     if kernels:
-        table = cost_table(kernels, args.batch, args.kv_len)
-        print(f"// cost on an H200 at batch {args.batch}, KV length {args.kv_len} "
+        batch, kv = args.batch or 1, args.kv_len or 4096
+        _check_batch(kernels, batch)
+        table = cost_table(kernels, batch, kv)
+        print(f"// cost on an H200 at batch {batch}, KV length {kv} "
               "(fusionc.cost.model)")
         print("\n".join("// " + line for line in table.splitlines()))
     return module

@@ -331,3 +331,24 @@ def test_v1_options_with_lowering_v2_name_only_those_given(capsys, tmp_path):
     code, _, err = run_cli(capsys, "compile", *GRAPHS_V2, "--lowering", "v2", "--scheme",
                            "splitk", "-o", tmp_path)
     assert code == 1 and "--scheme splitk with --lowering v2" in err and "--cluster" not in err
+
+
+def test_ir_cost_table_batch_past_the_bucket_is_named(capsys):
+    """``--batch`` past the kernels' batch bucket (``--max-batch``) would cost kernels that
+    refuse that batch: a named error with what is valid, not a table."""
+    code, out, err = run_cli(capsys, "ir", LLAMA2, *SMALL, "--graph", "mlp", "--after",
+                             "smem-plan", "--batch", "16", "--max-batch", "8")
+    assert code == 1 and "--batch 16 is past the batch bucket of @mlp_k1 (8)" in err
+    assert "--batch <= 8, or a larger --max-batch" in err and "cost on" not in out
+    code, out, _ = run_cli(capsys, "ir", LLAMA2, *SMALL, "--graph", "mlp", "--after",
+                           "smem-plan", "--batch", "16", "--max-batch", "16")
+    assert code == 0 and "at batch 16" in out
+
+
+def test_ir_options_that_need_after_say_so(capsys):
+    code, out, err = run_cli(capsys, "ir", LLAMA2, *SMALL, "--graph", "mlp", "--max-batch",
+                             "4", "--lowering", "v2")
+    assert code == 0 and "graph @mlp" in out
+    assert "note: --lowering, --max-batch only act with --after or --passes" in err
+    code, _, err = run_cli(capsys, "ir", LLAMA2, *SMALL, "--graph", "mlp")
+    assert code == 0 and "note" not in err
