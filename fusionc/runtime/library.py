@@ -130,12 +130,16 @@ def embedding(table, tokens, out) -> None:
                              valid="a contiguous array")
     vocab, hidden = table.shape
     stream, device = _on_stream()
-    row_kernels.embedding(_DTYPE_OF[table.dtype.name], tokens.size, vocab, hidden, device)(
+    row_kernels.embedding(_dtype_of()[table.dtype.name], tokens.size, vocab, hidden, device)(
         [table.data.ptr, tokens.data.ptr, out.data.ptr], stream)
 
 
-# storage dtype name -> fusionc dtype (bf16 is stored as uint16 bits)
-_DTYPE_OF = {"float16": "f16", "uint16": "bf16", "float32": "f32"}
+@functools.cache
+def _dtype_of() -> dict:
+    """Storage dtype name -> fusionc float dtype (bf16 as uint16 bits: arrays._CUPY)."""
+    from fusionc.ir.types import DType
+    from fusionc.runtime.arrays import _CUPY
+    return {_CUPY[d]: d.value for d in (DType.f16, DType.bf16, DType.f32)}
 
 
 _HANDLES: dict = {}

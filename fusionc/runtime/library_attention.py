@@ -16,28 +16,22 @@ import functools
 import numpy as np
 
 
-# 16-bit storage (and fp32) <-> fp32 without headers: the kernels below compile with NVRTC as
-# they are (tests/runtime/test_library_attention.py compiles them on a machine without a GPU)
-_CONVERT = {
-    "f16": ("unsigned short", r"""
-__device__ __forceinline__ float fc_f32(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short fc_bits(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-"""),
-    "bf16": ("unsigned short", r"""
-__device__ __forceinline__ float fc_f32(unsigned short x) {
-  return __uint_as_float(((unsigned int)x) << 16); }
-__device__ __forceinline__ unsigned short fc_bits(float v) {   // round to nearest even
-  unsigned int u = __float_as_uint(v);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (unsigned short)((u >> 16) | 0x40u);   // NaN stays NaN
-  return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); }
-"""),
-    "f32": ("float", r"""
-__device__ __forceinline__ float fc_f32(float x) { return x; }
-__device__ __forceinline__ float fc_bits(float v) { return v; }
-"""),
-}
+class _Convert(dict):
+    """``dtype -> (storage C type, conversions fc_f32 / fc_bits)`` for the kernels below: the
+    row kernels' one definition (:mod:`fusionc.runtime.row_kernels`, NVRTC without headers)
+    under the names these sources use."""
+
+    def __missing__(self, dt):
+        from fusionc.runtime.row_kernels import CONVERT, STORAGE
+        ty = STORAGE[dt]
+        self[dt] = (ty, CONVERT + f"""
+__device__ __forceinline__ float fc_f32({ty} x) {{ return to_f32_{dt}(x); }}
+__device__ __forceinline__ {ty} fc_bits(float v) {{ return from_f32_{dt}(v); }}
+""")
+        return self[dt]
+
+
+_CONVERT = _Convert()
 
 
 def rope_source(dtype: str, style: str) -> str:

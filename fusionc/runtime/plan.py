@@ -28,6 +28,7 @@ address).
 """
 from __future__ import annotations
 
+import math
 import operator
 
 from fusionc.runtime import arrays
@@ -279,10 +280,7 @@ def _row_step(op, env, device, index, views):
     (:mod:`fusionc.runtime.row_kernels`)."""
     from fusionc.runtime import row_kernels
     shape = op.result.type.concrete(env)
-    dt, cols = op.result.type.dtype.value, shape[-1] if shape else 1
-    n = 1
-    for d in shape:
-        n *= d
+    dt, cols, n = op.result.type.dtype.value, shape[-1] if shape else 1, math.prod(shape)
     ins, lds = _pointers(op.operands, index, views,
                          lambda v: (v.type.concrete(env) or (1,))[-1])
     lds += (cols,)

@@ -24,8 +24,9 @@ from fusionc.runtime import launch as _launch
 THREADS = 256            # threads of a CTA; RMSNorm: one CTA a row
 MAX_CTAS = 132 * 16      # elementwise grids stride past this (enough to fill an H100/H200)
 
-_STORAGE = {"f16": "unsigned short", "bf16": "unsigned short", "f32": "float"}
-_CONVERT = r"""
+STORAGE = {"f16": "unsigned short", "bf16": "unsigned short", "f32": "float"}   # C types
+# storage <-> fp32, NVRTC without headers: the one definition (library_attention uses it too)
+CONVERT = r"""
 __device__ __forceinline__ float to_f32_f16(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short from_f32_f16(float f) {
@@ -48,7 +49,7 @@ def _elementwise(name: str, dt: str, body: str, ins: list[tuple[str, str]]) -> s
     """Kernel ``fc_{name}_{dt}``: ``body`` for each element ``i`` of ``n`` in rows of ``cols``;
     operand ``x`` of ``ins`` ((name, storage) pairs) and ``y`` have row strides ``ld_x``,
     ``ld_y`` (elements), so that column slices (a split's halves) need no copy."""
-    s = _STORAGE[dt]
+    s = STORAGE[dt]
     args = "".join(f"const {t}* __restrict__ {x}, long long ld_{x}, " for x, t in ins)
     at = "".join(f"const long long at_{x} = r * ld_{x} + c; " for x, _ in ins)
     return (f'extern "C" __global__ void fc_{name}_{dt}({args}{s}* __restrict__ y, '
@@ -63,7 +64,7 @@ def _rms_norm(dt: str) -> str:
     """One CTA a row: per-thread fp32 sums (strided), a warp shuffle tree, then warp 0 over the
     warps' sums (Zhang & Sennrich 2019, eq. 4: ``y = w · x · rsqrt(mean(x²) + eps)``); rows of
     x and y ``ld_x`` and ``ld_y`` elements apart."""
-    s = _STORAGE[dt]
+    s = STORAGE[dt]
     return f"""extern "C" __global__ void fc_rms_norm_{dt}(const {s}* __restrict__ x, long long ld_x,
     const {s}* __restrict__ w, long long ld_w, {s}* __restrict__ y, long long ld_y, int d,
     float eps) {{
@@ -89,7 +90,7 @@ def _rms_norm(dt: str) -> str:
 
 
 def _embedding(dt: str) -> str:
-    s = _STORAGE[dt]   # a copy of the row's bits; ids outside [0, vocab) give zeros
+    s = STORAGE[dt]   # a copy of the row's bits; ids outside [0, vocab) give zeros
     return f"""extern "C" __global__ void fc_embedding_{dt}(const {s}* __restrict__ table,
     const int* __restrict__ tokens, {s}* __restrict__ y, int vocab, int hidden, long long n) {{
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
@@ -104,8 +105,8 @@ def _embedding(dt: str) -> str:
 @functools.cache
 def source() -> str:
     """The CUDA source of every row kernel of every dtype (NVRTC, no headers)."""
-    parts = [_CONVERT]
-    for dt, s in _STORAGE.items():
+    parts = [CONVERT]
+    for dt, s in STORAGE.items():
         for name, expr in BINARY.items():
             parts.append(_elementwise(name, dt, f"[&] {{ const float u = to_f32_{dt}(a[at_a]), "
                                       f"v = to_f32_{dt}(b[at_b]); return from_f32_{dt}({expr}); "
@@ -113,7 +114,7 @@ def source() -> str:
         parts.append(_elementwise("silu", dt, f"from_f32_{dt}(fc_silu(to_f32_{dt}(a[at_a])))",
                                   [("a", s)]))
         parts += [_rms_norm(dt), _embedding(dt)]
-        for src, t in _STORAGE.items():   # src == dt: a copy (through fp32: exact)
+        for src, t in STORAGE.items():   # src == dt: a copy (through fp32: exact)
             parts.append(_elementwise(f"cast_{src}", dt,
                                       f"from_f32_{dt}(to_f32_{src}(a[at_a]))", [("a", t)]))
     return "\n".join(parts)
