@@ -273,6 +273,19 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
         from fusionc.errors import InputError
         raise InputError("a KV cache that is not contiguous from a 16-byte aligned address",
                          op="chunk_attention", valid="whole cache arrays (16-byte K/V loads)")
+    from fusionc.runtime import chunk_tc
+    if chunk_tc.covers(dtype, h // hkv, d):   # tensor cores, a sequence's rows share tiles
+        kern = _kernel(chunk_tc.source(dtype, h // hkv, d, _CONVERT[dtype]),
+                       "fc_chunk_attention_tc")
+        dst = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
+        kern(chunk_tc.grid(t_, hkv, h // hkv), (32 * chunk_tc.WARPS,),
+             (cupy.ascontiguousarray(q), k_cache, v_cache, cupy.ascontiguousarray(seq_of),
+              cupy.ascontiguousarray(positions), dst, np.int32(t_), np.int32(hkv),
+              np.int32(n_seq), np.int32(s_max), np.float32(scale)),
+             shared_mem=chunk_tc.smem_bytes(d))
+        if dst is not out:
+            out[...] = dst
+        return
     warps = max(1, min(ATTN_WARPS, ATTN_SMEM // (g * d * 4)))
     kern = _kernel(attention_source(dtype, g, d), "fc_chunk_attention")
     smem = warps * g * d * 4

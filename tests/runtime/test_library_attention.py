@@ -47,3 +47,13 @@ def test_host_mirrors_skip_the_copy_back_inside_the_block_only():
     with la.host_mirrors((d, h)):
         assert la._host(d).tolist() == [1, 2, 3] and not copies
     assert la._host(d).tolist() == [7, 7, 7] and copies == [1] and not la._MIRRORS
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("g,d", [(4, 128), (1, 128), (8, 64), (16, 128), (1, 80), (2, 96)])
+def test_tensor_core_chunk_attention_compiles_without_spills(dtype, g, d):
+    from fusionc.runtime import chunk_tc
+    from fusionc.runtime.library_attention import _CONVERT
+    assert chunk_tc.covers(dtype, g, d)
+    r = compile_cubin(chunk_tc.source(dtype, g, d, _CONVERT[dtype]), "attention_tc.cu")
+    assert r.cubin and r.spills == {"fc_chunk_attention_tc": 0}
