@@ -7,6 +7,13 @@ on the accumulators' rows (four lanes a row). Rows of several sequences in one C
 over the keys per sequence (uniform over the CTA); keys past the longest row of a pass load as
 zeros. 16-bit dtypes, ``g`` a power of two up to 16, head_dim a multiple of 16 up to 128 (256 spills:
 Q's fragments and O take 192 registers).
+
+Numerics differ from the CUDA-core kernel's "fp32 math, one rounding": P is rounded to the cache
+dtype for the mma (as FlashAttention does; the softmax's sum stays fp32). And a row's zero
+weights still multiply every key of its pass up to the CTA's longest row: slots below that
+position must be finite (a 0 · NaN is NaN), as the decoder's zeroed caches are. The grid has no
+split over the keys: a short chunk at a long position runs few CTAs (a small-grid fallback to
+the CUDA-core kernel is a next step).
 """
 from __future__ import annotations
 

@@ -277,7 +277,10 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
     if chunk_tc.covers(dtype, h // hkv, d):   # tensor cores, a sequence's rows share tiles
         kern = _kernel(chunk_tc.source(dtype, h // hkv, d, _CONVERT[dtype]),
                        "fc_chunk_attention_tc")
-        dst = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
+        if q.data.ptr % 4:   # 32-bit fragment loads
+            q = q.copy()
+        dst = out if out.flags.c_contiguous and not out.data.ptr % 4 else \
+            cupy.empty(out.shape, out.dtype)
         kern(chunk_tc.grid(t_, hkv, h // hkv), (32 * chunk_tc.WARPS,),
              (cupy.ascontiguousarray(q), k_cache, v_cache, cupy.ascontiguousarray(seq_of),
               cupy.ascontiguousarray(positions), dst, np.int32(t_), np.int32(hkv),
