@@ -32,17 +32,19 @@ class ChunkGraph:
         host = self._fill(x, seq_of, positions)
         with stream:
             self.first = layers(self.x, self.seq_of, self.positions, host)
+            self.graph = self.error = None
             with cupy.cuda.using_allocator(self.pool.malloc):
                 stream.begin_capture()
                 try:
                     self.out = layers(self.x, self.seq_of, self.positions, host)
-                except BaseException:
+                except Exception as e:   # noqa: BLE001 - kept in .error; the chunk's result
+                    self.error = e       # is the eager pass's, later ones run eagerly
                     try:
                         stream.end_capture()
-                    except Exception:  # noqa: S110 - the original error is the one to report
+                    except Exception:  # noqa: S110 - the first error is the one kept
                         pass
-                    raise
-                self.graph = stream.end_capture()
+                else:
+                    self.graph = stream.end_capture()
 
     def _fill(self, x, seq_of, positions) -> dict:
         """Copy a chunk into the static buffers (on the stream, after what it waits for)."""

@@ -143,6 +143,7 @@ class Decoder:
         self.tokens, self.positions, self.seq_lens = (cupy.zeros(B, cupy.int32) for _ in "tps")
         self.x = [cupy.empty((B, c.hidden), dt) for _ in range(2)]  # ping-pong hidden states
         self._graph, self.stream = None, cupy.cuda.Stream(non_blocking=True)
+        self._captures = {}   # captured chunks read the old weights and caches: forget them
 
     def step(self, tokens, positions):
         """Run one decode step: token ``tokens[b]`` of sequence b sits at ``positions[b]`` and
@@ -238,9 +239,16 @@ class Decoder:
         self.stream.wait_event(caller.record())   # x is ready; the last replay's rows copied
         cap = self._captures.get(len(seq_of))
         if cap is None:
-            cap = self._captures[len(seq_of)] = ChunkGraph(
-                lambda *a: self._layers(g, *a), x, seq_of, positions, self.stream)
-            out = cap.first
+            cap = ChunkGraph(lambda *a: self._layers(g, *a), x, seq_of, positions,
+                             self.stream)
+            out, cap.first = cap.first, None
+            self._captures[len(seq_of)] = cap if cap.graph is not None else False
+        elif cap is False:   # the capture failed: this length runs eagerly
+            host = {"positions": np.asarray(positions, np.int32),
+                    "seq_of": np.asarray(seq_of, np.int32)}
+            with self.stream:
+                out = self._layers(g, x, cupy.asarray(host["seq_of"]),
+                                   cupy.asarray(host["positions"]), host)
         else:
             out = cap.run(x, seq_of, positions)
         caller.wait_event(self.stream.record())
