@@ -77,7 +77,7 @@ class Decoder:
             raise InputError(f"dtype {self.dtype!r}", valid=" or ".join(self.DTYPES))
         self.module = layer_module(cfg, self.max_seq, self.dtype)
         self.ends = step_ends(cfg, self.dtype)
-        self.layers, self._chunked = [], {}
+        self.layers, self._chunked, self._captures = [], {}, {}
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, progress=None, **kw) -> "Decoder":
@@ -143,6 +143,7 @@ class Decoder:
         self.tokens, self.positions, self.seq_lens = (cupy.zeros(B, cupy.int32) for _ in "tps")
         self.x = [cupy.empty((B, c.hidden), dt) for _ in range(2)]  # ping-pong hidden states
         self._graph, self.stream = None, cupy.cuda.Stream(non_blocking=True)
+        self._captures = {}   # captured chunks read the old weights and caches: forget them
 
     def step(self, tokens, positions):
         """Run one decode step: token ``tokens[b]`` of sequence b sits at ``positions[b]`` and
@@ -191,7 +192,7 @@ class Decoder:
             x = self._chunk_layers(x, seq_of, pos, chunk)
             for r, (b, i) in enumerate(zip(seq_of, off)):
                 if i == lengths[b] - 1:
-                    last[b] = x[r]
+                    last[b] = x[r].copy()   # a replay's output is overwritten by the next
         return self._logits(self.array_module().stack(last))
 
     def _chunk_graphs(self, chunk: int | None) -> dict:
@@ -221,14 +222,44 @@ class Decoder:
 
     def _chunk_layers(self, x, seq_of, positions, chunk: int | None = None):
         """Every layer for the rows of one chunk (graphs ``@attention_chunk``, ``@mlp``); the
-        KV caches are written in place."""
+        KV caches are written in place. A full chunk (``chunk`` rows) replays the captured
+        pass of that length (:mod:`fusionc.models.chunk_capture`; captured on the first one),
+        on :attr:`stream` in order with the caller's stream; a shorter one runs eagerly."""
         import cupy
+
+        from fusionc.models.chunk_capture import ChunkGraph
+        from fusionc.models.prefill import CHUNK
         g = self._chunk_graphs(chunk)
-        attn, mlp = g["attention"], g["mlp"]
+        if len(seq_of) != (chunk or CHUNK):
+            host = {"positions": np.asarray(positions, np.int32),
+                    "seq_of": np.asarray(seq_of, np.int32)}
+            return self._layers(g, x, cupy.asarray(host["seq_of"]),
+                                cupy.asarray(host["positions"]), host)
+        caller = cupy.cuda.get_current_stream()
+        self.stream.wait_event(caller.record())   # x is ready; the last replay's rows copied
+        cap = self._captures.get(len(seq_of))
+        if cap is None:
+            cap = ChunkGraph(lambda *a: self._layers(g, *a), x, seq_of, positions,
+                             self.stream)
+            out, cap.first = cap.first, None
+            self._captures[len(seq_of)] = cap if cap.graph is not None else False
+        elif cap is False:   # the capture failed: this length runs eagerly
+            host = {"positions": np.asarray(positions, np.int32),
+                    "seq_of": np.asarray(seq_of, np.int32)}
+            with self.stream:
+                out = self._layers(g, x, cupy.asarray(host["seq_of"]),
+                                   cupy.asarray(host["positions"]), host)
+        else:
+            out = cap.run(x, seq_of, positions)
+        caller.wait_event(self.stream.record())
+        return out
+
+    def _layers(self, g, x, seq_of, positions, host):
+        """The layers' graphs over one chunk (device ``seq_of`` / ``positions``, their host
+        copies in ``host`` for chunk_attention's checks)."""
         from fusionc.runtime.library_attention import host_mirrors
-        host = {"positions": np.asarray(positions, np.int32),
-                "seq_of": np.asarray(seq_of, np.int32)}
-        run = {k: cupy.asarray(v) for k, v in host.items()}
+        attn, mlp = g["attention"], g["mlp"]
+        run = {"seq_of": seq_of, "positions": positions}
         with host_mirrors(*((run[k], host[k]) for k in run)):   # no copy back per layer
             for w in self.layers:
                 x, _, _ = attn(x=x, **_pick(w, attn.params, "x"), **run)
