@@ -231,10 +231,7 @@ class Decoder:
         from fusionc.models.prefill import CHUNK
         g = self._chunk_graphs(chunk)
         if len(seq_of) != (chunk or CHUNK):
-            host = {"positions": np.asarray(positions, np.int32),
-                    "seq_of": np.asarray(seq_of, np.int32)}
-            return self._layers(g, x, cupy.asarray(host["seq_of"]),
-                                cupy.asarray(host["positions"]), host)
+            return self._eager(g, x, seq_of, positions)
         caller = cupy.cuda.get_current_stream()
         self.stream.wait_event(caller.record())   # x is ready; the last replay's rows copied
         cap = self._captures.get(len(seq_of))
@@ -244,15 +241,20 @@ class Decoder:
             out, cap.first = cap.first, None
             self._captures[len(seq_of)] = cap if cap.graph is not None else False
         elif cap is False:   # the capture failed: this length runs eagerly
-            host = {"positions": np.asarray(positions, np.int32),
-                    "seq_of": np.asarray(seq_of, np.int32)}
             with self.stream:
-                out = self._layers(g, x, cupy.asarray(host["seq_of"]),
-                                   cupy.asarray(host["positions"]), host)
+                out = self._eager(g, x, seq_of, positions)
         else:
             out = cap.run(x, seq_of, positions)
         caller.wait_event(self.stream.record())
         return out
+
+    def _eager(self, g, x, seq_of, positions):
+        """:meth:`_layers` uncaptured, from host ``seq_of`` / ``positions``."""
+        import cupy
+        host = {"positions": np.asarray(positions, np.int32),
+                "seq_of": np.asarray(seq_of, np.int32)}
+        return self._layers(g, x, cupy.asarray(host["seq_of"]), cupy.asarray(host["positions"]),
+                            host)
 
     def _layers(self, g, x, seq_of, positions, host):
         """The layers' graphs over one chunk (device ``seq_of`` / ``positions``, their host
