@@ -1,7 +1,7 @@
-"""``chunk_attention`` on tensor cores (issue 25; branch work, untested on a GPU): FlashAttention-2
+"""``chunk_attention`` on tensor cores (issue 25): FlashAttention-2
 (Dao 2023, §3.1) over a prompt chunk's rows. A CTA of four warps takes 64 queries of one KV head
 — ``64 / g`` consecutive rows × the ``g`` query heads sharing it — so a sequence's rows share each
-tile of :data:`KEYS` keys in shared memory. Each warp holds 16 queries: S = Q·Kᵀ and O += P·V by
+tile of :data:`KEYS` keys in shared memory, loaded by cp.async one tile ahead (:data:`STAGES`). Each warp holds 16 queries: S = Q·Kᵀ and O += P·V by
 mma.sync m16n8k16 (fp32 accumulation, P rounded to the cache dtype), the online softmax in fp32
 on the accumulators' rows (four lanes a row). Rows of several sequences in one CTA take one pass
 over the keys per sequence (uniform over the CTA); keys past the longest row of a pass load as
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 KEYS = 64       # keys of a tile
 WARPS = 4       # 16 queries each
+STAGES = 2      # cp.async stages: tile t + 1 loads while tile t is computed
 
 
 def covers(dtype: str, g: int, d: int) -> bool:
@@ -31,8 +32,9 @@ def rows_per_cta(g: int) -> int:
 
 
 def smem_bytes(d: int) -> int:
-    """The K and V tiles (16-bit, rows padded by 8 elements: 16-byte aligned, no conflicts)."""
-    return 2 * KEYS * (d + 8) * 2
+    """Two stages of the K and V tiles (16-bit, rows padded by 8 elements: 16-byte aligned, no
+    bank conflicts); 68 KB at head_dim 128, past the 48 KB default (the launch raises it)."""
+    return STAGES * 2 * KEYS * (d + 8) * 2
 
 
 def grid(rows: int, kvh: int, g: int) -> tuple[int, int]:
@@ -62,13 +64,30 @@ __device__ __forceinline__ void fc_ldsm_x2_trans(unsigned* r, const void* p) {{
 __device__ __forceinline__ unsigned fc_pack(float lo, float hi) {{
   return (unsigned)fc_bits(lo) | ((unsigned)fc_bits(hi) << 16);
 }}
+__device__ __forceinline__ void fc_cp_async(void* dst, const void* src, int bytes) {{
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);   // bytes < 16: zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "r"(bytes)
+               : "memory");
+}}
+// tile t of keys (K at dst, V after it) in one commit group; keys at or past top read as zeros
+__device__ __forceinline__ void fc_fetch({ty}* dst, const {ty}* kb, const {ty}* vb,
+                                         long long stride, int t, int top) {{
+#pragma unroll
+  for (int c = 0; c < KT * (D / 8) / (32 * NW); ++c) {{
+    const int i = threadIdx.x + c * 32 * NW, key = i / (D / 8), e = (i % (D / 8)) * 8;
+    const int kk = t * KT + key;
+    const long long off = (long long)(kk < top ? kk : 0) * stride + e;
+    fc_cp_async(dst + key * RS + e, kb + off, kk < top ? 16 : 0);
+    fc_cp_async(dst + (KT + key) * RS + e, vb + off, kk < top ? 16 : 0);
+  }}
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}}
 extern "C" __global__ void __launch_bounds__(32 * NW, 1) fc_chunk_attention_tc(
     const {ty}* __restrict__ q, const {ty}* __restrict__ kc, const {ty}* __restrict__ vc,
     const int* __restrict__ seq_of, const int* __restrict__ pos, {ty}* __restrict__ out,
     int rows, int kvh, int seqs, int s_max, float scale) {{
   extern __shared__ __align__(16) {ty} sm[];
-  {ty}* const ks = sm;              // [KT][RS]
-  {ty}* const vs = sm + KT * RS;    // [KT][RS]
+  {ty}* const ks = sm;   // two stages of [K tile, V tile], each [KT][RS]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const int j = blockIdx.y, heads = kvh * G, t0 = blockIdx.x * RPC;
   auto ok = [&](int r) {{   // row r exists and lies inside the cache (uniform over the CTA)
@@ -109,19 +128,18 @@ extern "C" __global__ void __launch_bounds__(32 * NW, 1) fc_chunk_attention_tc(
     const long long stride = (long long)kvh * D;
     const {ty}* const kb = kc + ((long long)s * s_max * kvh + j) * D;
     const {ty}* const vb = vc + ((long long)s * s_max * kvh + j) * D;
-    for (int k0 = 0; k0 < top; k0 += KT) {{
-      __syncthreads();   // every warp is done with the previous tile
-      for (int i = threadIdx.x; i < KT * (D / 8); i += 32 * NW) {{
-        const int key = i / (D / 8), e = (i % (D / 8)) * 8;
-        uint4 kx = make_uint4(0u, 0u, 0u, 0u), vx = kx;
-        if (k0 + key < top) {{
-          kx = *reinterpret_cast<const uint4*>(kb + (k0 + key) * stride + e);
-          vx = *reinterpret_cast<const uint4*>(vb + (k0 + key) * stride + e);
-        }}
-        *reinterpret_cast<uint4*>(ks + key * RS + e) = kx;
-        *reinterpret_cast<uint4*>(vs + key * RS + e) = vx;
-      }}
-      __syncthreads();
+    const int tiles = (top + KT - 1) / KT;
+    __syncthreads();   // every warp is done with the previous pass's stages
+    fc_fetch(ks, kb, vb, stride, 0, top);
+    for (int t = 0; t < tiles; ++t) {{
+      const int k0 = t * KT;
+      __syncthreads();   // every warp is done with tile t - 1: its stage takes tile t + 1
+      if (t + 1 < tiles) fc_fetch(ks + ((t + 1) & 1) * 2 * KT * RS, kb, vb, stride, t + 1, top);
+      else asm volatile("cp.async.commit_group;" ::: "memory");   // keeps wait_group 1 exact
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+      __syncthreads();   // tile t is in shared memory for every warp
+      const {ty}* const kt = ks + (t & 1) * 2 * KT * RS;
+      const {ty}* const vt = kt + KT * RS;
       const bool act0 = sq[0] == s && k0 < nr[0], act1 = sq[1] == s && k0 < nr[1];
       if (!__any_sync(0xffffffffu, act0 || act1)) continue;   // warp-uniform
       float sc[NS][4];
@@ -130,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(32 * NW, 1) fc_chunk_attention_tc(
         sc[a][0] = sc[a][1] = sc[a][2] = sc[a][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < NK; ++kk) {{   // B[k][n] = K[n][k]: two 32-bit reads of row n
-          const {ty}* const kr = ks + (a * 8 + gq) * RS + 16 * kk + 2 * tq;
+          const {ty}* const kr = kt + (a * 8 + gq) * RS + 16 * kk + 2 * tq;
           const unsigned b[2] = {{*reinterpret_cast<const unsigned*>(kr),
                                  *reinterpret_cast<const unsigned*>(kr + 8)}};
           fc_mma(sc[a], qa[kk], b);
@@ -178,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(32 * NW, 1) fc_chunk_attention_tc(
 #pragma unroll
         for (int a = 0; a < ND; ++a) {{   // B[k][n] = V[k][n]: ldmatrix.trans of rows k
           unsigned b[2];
-          fc_ldsm_x2_trans(b, vs + (16 * kk + (lane & 15)) * RS + a * 8);
+          fc_ldsm_x2_trans(b, vt + (16 * kk + (lane & 15)) * RS + a * 8);
           fc_mma(o[a], pa, b);
         }}
       }}

@@ -277,6 +277,7 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
     if chunk_tc.covers(dtype, h // hkv, d):   # tensor cores, a sequence's rows share tiles
         kern = _kernel(chunk_tc.source(dtype, h // hkv, d, _CONVERT[dtype]),
                        "fc_chunk_attention_tc")
+        kern.max_dynamic_shared_size_bytes = chunk_tc.smem_bytes(d)
         if q.data.ptr % 4:   # 32-bit fragment loads
             q = q.copy()
         dst = out if out.flags.c_contiguous and not out.data.ptr % 4 else \
