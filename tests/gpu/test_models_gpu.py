@@ -89,6 +89,25 @@ def test_teacher_forced_logits(case):
     assert max(errs) <= limit, np.argmax(errs)
 
 
+@pytest.mark.parametrize("chunk", [5, 256])
+def test_teacher_forced_after_a_chunked_prompt(case, chunk):
+    """A prompt of 40 tokens in chunks (``Decoder.prefill``, issue 25), then one step per token:
+    the prompt's last logits and every step's against transformers, within the budget of
+    :func:`test_teacher_forced_logits`."""
+    name, ref, dec, native = case
+    tokens = np.random.default_rng(2).integers(0, dec.cfg.vocab, STEPS)
+    want, p = ref_logits(ref, tokens), 40
+    errs = [rel(dec.prefill([tokens[:p]], chunk=chunk).get()[0], want[p - 1])]
+    for t in range(p, STEPS):
+        errs.append(rel(dec.step(tokens[t:t + 1], [t]).get()[0], want[t]))
+    limit = 1e-2
+    if native is not None:
+        hf = ref_logits(native, tokens)
+        limit = max(limit, 1.25 * max(rel(hf[t], want[t]) for t in range(p - 1, STEPS)))
+    record("models", f"{name} chunk {chunk} prompt + {STEPS - p} steps", f"max err {max(errs):.2e}")
+    assert np.isfinite(errs).all() and max(errs) <= limit, np.argmax(errs)
+
+
 def test_greedy_generation(case):
     from fusionc.models import generate
     name, ref, dec, _ = case
