@@ -70,6 +70,17 @@ def _same(values):
     return values
 
 
+def grid_config(stream: int, ctas: int, threads: int, smem_bytes: int = 0):
+    """A plain 1D ``CUlaunchConfig``: ``ctas`` CTAs of ``threads`` threads with ``smem_bytes``
+    of dynamic shared memory on stream handle ``stream`` (no attributes)."""
+    cu = driver()
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = ctas, 1, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
+    cfg.sharedMemBytes, cfg.hStream = smem_bytes, cu.CUstream(stream)
+    return cfg
+
+
 def _launch_config(src, stream: int, query: bool = False, blocks: int | None = None):
     """The ``CUlaunchConfig`` of kernel ``src`` on stream handle ``stream``: ``src.blocks`` CTAs
     of ``src.threads`` threads, its dynamic shared memory, the cluster dimension as an attribute
@@ -78,11 +89,7 @@ def _launch_config(src, stream: int, query: bool = False, blocks: int | None = N
     launch without one), which takes the cluster dimension always and no PDL. ``blocks``: the
     CTAs of a persistent kernel's launch (:func:`persistent_grid`), else ``src.blocks``."""
     cu = driver()
-    cfg = cu.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = blocks or src.blocks, 1, 1
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = src.threads, 1, 1
-    cfg.sharedMemBytes = src.smem_bytes
-    cfg.hStream = cu.CUstream(stream)
+    cfg = grid_config(stream, blocks or src.blocks, src.threads, src.smem_bytes)
     attrs = []
     if src.cluster > 1 and (query or not src.cluster_dims_in_source):
         a = cu.CUlaunchAttribute()

@@ -166,11 +166,7 @@ class RowLaunch:
             _launch.check(r, f"launching {self.name}")
 
     def _config(self, stream: int):
-        cu = _launch.driver()
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.ctas, 1, 1
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = THREADS, 1, 1
-        cfg.sharedMemBytes, cfg.hStream = 0, cu.CUstream(stream)
+        cfg = _launch.grid_config(stream, self.ctas, THREADS)
         if len(self._configs) >= 64:
             self._configs.clear()
         self._configs[stream] = cfg
