@@ -14,6 +14,8 @@ anyone else while the graph lives. The rows were checked by the decoder (they co
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 
@@ -37,12 +39,18 @@ class ChunkGraph:
                 stream.begin_capture()
                 try:
                     self.out = layers(self.x, self.seq_of, self.positions, host)
-                except Exception as e:   # noqa: BLE001 - kept in .error; the chunk's result
-                    self.error = e       # is the eager pass's, later ones run eagerly
+                except BaseException as e:   # the stream must not stay capturing
                     try:
                         stream.end_capture()
-                    except Exception:  # noqa: S110 - the first error is the one kept
+                    except Exception:  # noqa: S110 - the first error is the one reported
                         pass
+                    if not isinstance(e, Exception):
+                        raise
+                    self.error = e   # this chunk's result is the eager pass's; later ones
+                    warnings.warn(   # of this length run eagerly (slower, still correct)
+                        f"fusionc: a prompt chunk of {len(x)} rows could not be captured in a "
+                        f"CUDA graph ({type(e).__name__}: {e}); chunks of that length run "
+                        "eagerly", RuntimeWarning, stacklevel=3)
                 else:
                     self.graph = stream.end_capture()
 

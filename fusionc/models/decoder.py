@@ -127,7 +127,11 @@ class Decoder:
         require_gpu()
         c, B, dt = self.cfg, self.batch, _CUPY[DType(self.dtype)]
         cache = (B, self.max_seq, c.kv_heads, c.head_dim)
-        self.layers = []
+        # captures read the old weights and caches: drop them, then what kept them alive
+        self._graph, self._captures, self.layers = None, {}, []
+        for g in (self.attention, self.mlp, self.embed_graph, self.head_graph,
+                  *(x for gs in self._chunked.values() for x in gs.values())):
+            g.forget_captures()
         for w in layers:
             w = {k: cupy.asarray(v) for k, v in w.items()}
             w["k_cache"], w["v_cache"] = cupy.zeros(cache, dt), cupy.zeros(cache, dt)
@@ -142,8 +146,7 @@ class Decoder:
         self.logits = cupy.empty((B, c.vocab), cupy.float32)
         self.tokens, self.positions, self.seq_lens = (cupy.zeros(B, cupy.int32) for _ in "tps")
         self.x = [cupy.empty((B, c.hidden), dt) for _ in range(2)]  # ping-pong hidden states
-        self._graph, self.stream = None, cupy.cuda.Stream(non_blocking=True)
-        self._captures = {}   # captured chunks read the old weights and caches: forget them
+        self.stream = cupy.cuda.Stream(non_blocking=True)
 
     def step(self, tokens, positions):
         """Run one decode step: token ``tokens[b]`` of sequence b sits at ``positions[b]`` and

@@ -289,6 +289,12 @@ class CompiledGraph:
         obj = buf[:n].reshape(shape)
         return obj, (_wrap_torch(obj, _CUPY[param.type.dtype]) if torch_mode else obj)
 
+    def forget_captures(self) -> None:
+        """Release the buffers kept alive for the CUDA graphs captured through this graph's
+        calls (their replays write into them). Only once those graphs are destroyed:
+        ``fusionc.models.Decoder.load`` calls it after dropping its captures."""
+        self._captured.clear()
+
     def _side_stream(self):
         """The side stream of token-split overlap (created once, high priority)."""
         if self._side is None:

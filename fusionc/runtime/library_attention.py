@@ -3,9 +3,10 @@ the GPU: RoPE, the KV-cache write and causal attention over each sequence's cach
 kernels (CuPy's ``RawKernel``), fp32 arithmetic, one rounding per op: the interpreter's rules
 (``fusionc/ir/ops/rope.py``, ``fusionc/ir/ops/chunk.py``).
 
-These run outside CUDA graphs (a prompt's chunks are not captured): :func:`chunk_attention`
-checks ``seq_of`` and ``positions`` on the host (a caller that has them passes them through
-:func:`host_mirrors`, else they are copied back). Storage dtypes as in
+:func:`chunk_attention` checks ``seq_of`` and ``positions`` on the host: a caller that has them
+passes them through :func:`host_mirrors`, else they are copied back. The decoder passes them,
+so its full chunks can run inside a CUDA graph (``fusionc/models/chunk_capture.py``; a copy back
+during a capture fails it, and chunks of that length then run eagerly). Storage dtypes as in
 :mod:`fusionc.runtime.library` (bf16 as uint16 bits).
 """
 from __future__ import annotations
