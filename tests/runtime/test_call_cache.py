@@ -191,6 +191,8 @@ def test_capture_keeps_the_buffers_of_planned_calls(module, gpu):
     assert len(cg._captured) == 1 and y in cg._captured[0]
     cg(**a)
     assert len(cg._captured) == 1
+    cg.forget_captures()   # the captured graph is gone (Decoder.load): nothing kept
+    assert not cg._captured
 
 
 def test_two_kernel_attention_then_library_linear(module, gpu, monkeypatch):
