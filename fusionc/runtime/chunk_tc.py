@@ -17,6 +17,8 @@ the CUDA-core kernel is a next step).
 """
 from __future__ import annotations
 
+import functools
+
 KEYS = 64       # keys of a tile
 WARPS = 4       # 16 queries each
 STAGES = 2      # cp.async stages: tile t + 1 loads while tile t is computed
@@ -41,6 +43,7 @@ def grid(rows: int, kvh: int, g: int) -> tuple[int, int]:
     return -(-rows // rows_per_cta(g)), kvh
 
 
+@functools.cache   # built once per geometry: not on the call path
 def source(dtype: str, g: int, d: int, convert: tuple[str, str]) -> str:
     """CUDA source of ``fc_chunk_attention_tc`` (``convert``: the storage type and the
     ``fc_f32`` / ``fc_bits`` conversions of ``dtype``)."""

@@ -35,6 +35,7 @@ __device__ __forceinline__ {ty} fc_bits(float v) {{ return from_f32_{dt}(v); }}
 _CONVERT = _Convert()
 
 
+@functools.cache   # built once per geometry: not on the call path
 def rope_source(dtype: str, style: str) -> str:
     """CUDA source of ``fc_rope``: ``y[t, h, :] = x[t, h, :]`` rotated by ``pos[t] · inv[j]``
     (RoFormer, Su et al. 2021, eq. 34) on the pairs of ``style`` (neox: (j, j + r/2); gptj:
@@ -61,6 +62,7 @@ extern "C" __global__ void fc_rope(const {ty}* x, const int* pos, const float* i
 """
 
 
+@functools.cache   # built once per geometry: not on the call path
 def write_source(dtype: str) -> str:
     """CUDA source of ``fc_kv_cache_write``: ``cache[seq_of[t], pos[t], :] = src[t, :]`` for
     rows of ``width`` elements; rows outside the cache skipped. One thread per element."""
@@ -131,6 +133,7 @@ def kv_cache_write(k_cache, v_cache, k, v, seq_of, positions, dtype: str) -> Non
                           np.int32(n_seq), np.int32(s_max), np.int32(kvh * d)))
 
 
+@functools.cache   # built once per geometry: not on the call path
 def attention_source(dtype: str, g: int, d: int) -> str:
     """CUDA source of ``fc_chunk_attention``: one warp per (row t, group of ``g`` consecutive
     query heads of one KV head j) attends them over keys ``0..positions[t]`` of sequence
@@ -275,32 +278,25 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
         raise InputError("a KV cache that is not contiguous from a 16-byte aligned address",
                          op="chunk_attention", valid="whole cache arrays (16-byte K/V loads)")
     from fusionc.runtime import chunk_tc
+    q = cupy.ascontiguousarray(q) if not q.data.ptr % 4 else q.copy()   # 32-bit q loads
+    dst = out if out.flags.c_contiguous and not out.data.ptr % 4 else \
+        cupy.empty(out.shape, out.dtype)
+    rows = (cupy.ascontiguousarray(seq_of), cupy.ascontiguousarray(positions))
+    dims = (np.int32(t_), np.int32(hkv), np.int32(n_seq), np.int32(s_max), np.float32(scale))
     if chunk_tc.covers(dtype, h // hkv, d):   # tensor cores, a sequence's rows share tiles
         kern = _kernel(chunk_tc.source(dtype, h // hkv, d, _CONVERT[dtype]),
                        "fc_chunk_attention_tc")
         kern.max_dynamic_shared_size_bytes = chunk_tc.smem_bytes(d)
-        if q.data.ptr % 4:   # 32-bit fragment loads
-            q = q.copy()
-        dst = out if out.flags.c_contiguous and not out.data.ptr % 4 else \
-            cupy.empty(out.shape, out.dtype)
         kern(chunk_tc.grid(t_, hkv, h // hkv), (32 * chunk_tc.WARPS,),
-             (cupy.ascontiguousarray(q), k_cache, v_cache, cupy.ascontiguousarray(seq_of),
-              cupy.ascontiguousarray(positions), dst, np.int32(t_), np.int32(hkv),
-              np.int32(n_seq), np.int32(s_max), np.float32(scale)),
-             shared_mem=chunk_tc.smem_bytes(d))
-        if dst is not out:
-            out[...] = dst
-        return
-    warps = max(1, min(ATTN_WARPS, ATTN_SMEM // (g * d * 4)))
-    kern = _kernel(attention_source(dtype, g, d), "fc_chunk_attention")
-    smem = warps * g * d * 4
-    if smem > ATTN_SMEM:   # one warp's queries alone (8 heads of head_dim > 384)
-        kern.max_dynamic_shared_size_bytes = smem
-    dst = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
-    kern((-(-t_ * (h // g) // warps),), (32 * warps,),
-         (cupy.ascontiguousarray(q), k_cache, v_cache, cupy.ascontiguousarray(seq_of),
-          cupy.ascontiguousarray(positions), dst, np.int32(t_), np.int32(hkv), np.int32(n_seq),
-          np.int32(s_max), np.float32(scale), np.int32(h)), shared_mem=smem)
+             (q, k_cache, v_cache, *rows, dst, *dims), shared_mem=chunk_tc.smem_bytes(d))
+    else:
+        warps = max(1, min(ATTN_WARPS, ATTN_SMEM // (g * d * 4)))
+        kern = _kernel(attention_source(dtype, g, d), "fc_chunk_attention")
+        smem = warps * g * d * 4
+        if smem > ATTN_SMEM:   # one warp's queries alone (8 heads of head_dim > 384)
+            kern.max_dynamic_shared_size_bytes = smem
+        kern((-(-t_ * (h // g) // warps),), (32 * warps,),
+             (q, k_cache, v_cache, *rows, dst, *dims, np.int32(h)), shared_mem=smem)
     if dst is not out:
         out[...] = dst
 
