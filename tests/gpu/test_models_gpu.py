@@ -134,16 +134,24 @@ def test_greedy_generation(case):
            f"{checked} checked, {gen.ms_per_token:.2f} ms/token")
 
 
+def poisoned_replay(dec) -> np.ndarray:
+    """The logits of one replay of ``dec``'s captured step into NaN-poisoned logits (after
+    every replay already in flight, so that the poison races none)."""
+    import cupy
+    dec.stream.synchronize()
+    dec.logits.fill(cupy.nan)
+    cupy.cuda.get_current_stream().synchronize()
+    dec.replay()
+    dec.stream.synchronize()
+    return dec.logits.get()
+
+
 def test_the_whole_step_is_one_captured_graph(case):
     """A replay alone (no host op, no library call after it) rewrites poisoned logits with the
     step's bits: the embedding, the final norm and the LM head are inside the graph."""
-    import cupy
     name, _, dec, _ = case
     first = dec.step([5], [0]).get()
-    dec.logits.fill(cupy.nan)
-    dec.replay()
-    dec.stream.synchronize()
-    again = dec.logits.get()
+    again = poisoned_replay(dec)
     record("models", f"{name} replay of the whole step", "same bits" if
            np.array_equal(again, first) else "differs")
     assert np.array_equal(again, first)
@@ -153,17 +161,11 @@ def test_a_thousand_replays_keep_the_step_bits(case):
     """1000 replays of the captured step (issue 24): the counters and arrival words every
     kernel resets for the next launch stay consistent, so the last replay gives the first
     one's bits (the replays rewrite the same cache slot with the same k and v)."""
-    import cupy
     name, _, dec, _ = case
     first = dec.step([7], [3]).get()
     for _ in range(1000):
         dec.replay()
-    dec.stream.synchronize()   # the poison must not race the replays in flight
-    dec.logits.fill(cupy.nan)
-    cupy.cuda.get_current_stream().synchronize()
-    dec.replay()
-    dec.stream.synchronize()
-    last = dec.logits.get()
+    last = poisoned_replay(dec)
     record("models", f"{name} 1001 replays of one step", "same bits" if
            np.array_equal(last, first) else "differs")
     assert np.array_equal(last, first)
