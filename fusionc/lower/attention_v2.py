@@ -32,28 +32,48 @@ def covers(g: Graph) -> bool:
     16 query heads per KV head (by query blocks) included, whose rings fit in shared memory
     (:func:`fusionc.codegen.attn_units.ring_fit`: not f32 at head_dim 192 with 16-head
     blocks)."""
-    from fusionc.codegen.attn_units import ring_fit
     atts = [op for op in g.body if op.name == "decode_attention"]
     cores = attention_cores(g)
-    if len(cores) != len(atts):
-        return False
-    for c in cores:
-        q, kc = c.attention.operands[0].type, c.caches[0].type
-        if not all(isinstance(x, int) for x in (q.shape[1], *kc.shape[1:])) or \
-                unsupported(q.dtype, q.shape[1], kc.shape[2], kc.shape[3]) or \
-                not fast(kc.shape[3]) or \
-                ring_fit(kc.shape[3], kc.dtype.itemsize, q.shape[1] // kc.shape[2],
-                         threads(kc.shape[3], kc.dtype))[0] < 2:
-            return False
-    return True
+    return len(cores) == len(atts) and all(takes(c) for c in cores)
+
+
+def takes(c: "AttentionCore") -> bool:
+    """Whether the attention units take core ``c`` at speed (:func:`covers`)."""
+    from fusionc.codegen.attn_units import ring_fit
+    q, kc = c.attention.operands[0].type, c.caches[0].type
+    return all(isinstance(x, int) for x in (q.shape[1], *kc.shape[1:])) and \
+        not unsupported(q.dtype, q.shape[1], kc.shape[2], kc.shape[3]) and \
+        fast(kc.shape[3]) and \
+        ring_fit(kc.shape[3], kc.dtype.itemsize, q.shape[1] // kc.shape[2],
+                 threads(kc.shape[3], kc.dtype))[0] >= 2
 
 
 def host_rest(g: Graph) -> list[Op]:
-    """The ops of graph ``g`` that are neither a linear nor part of an attention or MLA core: what the
-    mixed path (``attention-units`` then ``lower-library``) runs on the host."""
+    """The ops of graph ``g`` that are neither a linear nor part of an attention core the units
+    take (:func:`takes`) or an MLA core: what the mixed path (``attention-units{host}`` then
+    ``lower-library``) runs on the host, the other attentions' ops included."""
     from fusionc.lower.mla_v2 import mla_cores
-    absorbed = {id(o) for c in attention_cores(g) + mla_cores(g) for o in c.absorbed}
+    cores = [c for c in attention_cores(g) if takes(c)] + mla_cores(g)
+    absorbed = {id(o) for c in cores for o in c.absorbed}
     return [op for op in g.body if op.name != "linear" and id(op) not in absorbed]
+
+
+def refuse_in_place_reads(g: Graph, host: list[Op]) -> None:
+    """LoweringError naming a ``kv_cache_append`` among the host ops ``host`` whose input
+    caches anything else reads: the host path appends in place, so such a read would see the
+    new token (the interpreter's value semantics would not)."""
+    from fusionc.errors import LoweringError
+    use = users(g)
+    for op in host:
+        if op.name != "kv_cache_append":
+            continue
+        for c in op.operands[:2]:
+            if any(u is not op for u in use.get(c.name, [])) or \
+                    c.name in {v.name for v in g.outputs}:
+                raise LoweringError(f"the cache %{c.name} is read beside its kv_cache_append",
+                                    op=op.name, loc=op.loc,
+                                    valid="caches read only through the append's results "
+                                          "(the append is in place)")
 
 
 def refuse_unmatched(g: Graph, cores) -> None:

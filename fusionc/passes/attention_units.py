@@ -3,7 +3,9 @@ output to the attention output, :func:`fusionc.lower.attention_v2.attention_core
 one ``attn_units`` kernel and the ``launch`` of it; every other op stays. ``partition-units``
 runs the same rewrite among its linear kernels; alone, before ``lower-library``, it gives the
 mixed path of batches past the fused linears' bucket: the linears as GEMMs, the attention
-core on the units.
+core on the units. With ``host``, an attention the units do not take (another form, a head_dim
+past their registers) stays too, for the host's library kernels
+(:mod:`fusionc.runtime.library_attention`).
 
 Before::
 
@@ -46,14 +48,20 @@ def core_kernel(core, name: str, made: set, max_batch: int) -> tuple[Graph, Op]:
     return k, Op("launch", outs, tuple(ins), attrs, (), core.attention.loc)
 
 
-def unit_cores(g: Graph) -> dict:
+def unit_cores(g: Graph, host: bool = False) -> dict:
     """id(attention op) → its core, for the attention cores
     (:func:`fusionc.lower.attention_v2.attention_cores`) and the MLA cores
     (:func:`fusionc.lower.mla_v2.mla_cores`) of ``g``; LoweringError naming an attention of
-    ``g`` in neither form."""
+    ``g`` in neither form. ``host``: only the attention cores the units take
+    (:func:`fusionc.lower.attention_v2.takes`), the other attentions left to the host
+    (LoweringError for a cache read beside its in-place append there)."""
     from fusionc.lower import attention_v2, mla_v2
-    cores = {id(c.attention): c for c in attention_v2.attention_cores(g)}
-    attention_v2.refuse_unmatched(g, cores)
+    cores = {id(c.attention): c for c in attention_v2.attention_cores(g)
+             if not host or attention_v2.takes(c)}
+    if host:
+        attention_v2.refuse_in_place_reads(g, attention_v2.host_rest(g))
+    else:
+        attention_v2.refuse_unmatched(g, cores)
     mla = {id(c.attention): c for c in mla_v2.mla_cores(g)}
     mla_v2.refuse_unmatched(g, mla)
     return cores | mla
@@ -75,6 +83,7 @@ class AttentionUnits(Pass):
 
     name = "attention-units"
     max_batch: int = 8
+    host: bool = False   # attentions the units do not take stay, for the host path
 
     def check_options(self) -> None:
         """PassError for a batch bucket < 1."""
@@ -87,7 +96,7 @@ class AttentionUnits(Pass):
             if g.kind != "graph":
                 graphs.append(g)
                 continue
-            cores = unit_cores(g)
+            cores = unit_cores(g, self.host)
             absorbed = {id(o) for c in cores.values() for o in c.absorbed}
             made = {p.name for p in g.params}
             body = []

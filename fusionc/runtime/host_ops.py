@@ -93,10 +93,10 @@ def run_host_op(cg, op, views: dict, objs: dict, env: dict, torch_mode: bool, ou
             else:
                 views[op.result.name] = objs[op.result.name] = x
             return
-        if op.name == "kv_cache_write":   # in place: the results are the caches
-            from fusionc.runtime.library_attention import kv_cache_write
-            kv_cache_write(*(views[v.name] for v in op.operands),
-                           op.operands[0].type.dtype.value)
+        if op.name in ("kv_cache_write", "kv_cache_append"):   # in place: results = caches
+            from fusionc.runtime import library_attention
+            getattr(library_attention, op.name)(*(views[v.name] for v in op.operands),
+                                                op.operands[0].type.dtype.value)
             for r, a in zip(op.results, op.operands):
                 views[r.name], objs[r.name] = views[a.name], objs[a.name]
             return
@@ -170,9 +170,9 @@ def compute(op, args: list, out) -> None:
         library_attention.rope(args[0], args[1], out, theta=op.attr("theta"),
                                style=op.attr("style"), rotary_dim=op.attr("rotary_dim"),
                                scaling=op.attr("scaling"), dtype=dt)
-    elif op.name == "chunk_attention":
+    elif op.name in ("chunk_attention", "decode_attention"):
         from fusionc.runtime import library_attention
-        library_attention.chunk_attention(*args, op.attr("scale"), out, dt)
+        getattr(library_attention, op.name)(*args, op.attr("scale"), out, dt)
 
 
 def _concat(cg, op, views, objs, env, torch_mode, outputs, streams) -> None:

@@ -1,7 +1,9 @@
 """Library kernels of a prompt processed in chunks (issue 25, ``fusionc/models/prefill.py``) on
 the GPU: RoPE, the KV-cache write and causal attention over each sequence's cache, as CUDA
 kernels (CuPy's ``RawKernel``), fp32 arithmetic, one rounding per op: the interpreter's rules
-(``fusionc/ir/ops/rope.py``, ``fusionc/ir/ops/chunk.py``).
+(``fusionc/ir/ops/rope.py``, ``fusionc/ir/ops/chunk.py``). The same kernels run a decode
+step's RoPE, KV append and attention where the attention units do not take them (the mixed
+path's host attention: :func:`decode_attention`, :func:`kv_cache_append`).
 
 :func:`chunk_attention` checks ``seq_of`` and ``positions`` on the host: a caller that has them
 passes them through :func:`host_mirrors`, else they are copied back. The decoder passes them,
@@ -134,19 +136,23 @@ def kv_cache_write(k_cache, v_cache, k, v, seq_of, positions, dtype: str) -> Non
 
 
 @functools.cache   # built once per geometry: not on the call path
-def attention_source(dtype: str, g: int, d: int) -> str:
+def attention_source(dtype: str, g: int, d: int, decode: bool = False) -> str:
     """CUDA source of ``fc_chunk_attention``: one warp per (row t, group of ``g`` consecutive
     query heads of one KV head j) attends them over keys ``0..positions[t]`` of sequence
     ``seq_of[t]``'s cache, 32 keys a step (a lane a key for the scores, a lane a feature for
     P·V), an online softmax in fp32 (Milakov & Gimelshein 2018; FlashAttention, Dao et al.
     2022, §3.1), fp32 math and one rounding (``fusionc/ir/ops/chunk.py``). The queries sit in
-    shared memory as fp32; a row whose sequence or position is outside the cache gets zeros."""
+    shared memory as fp32; a row whose sequence or position is outside the cache gets zeros.
+    ``decode``: ``fc_decode_attention``, row t over the first ``pos[t]`` keys of cache row t
+    (``decode_attention``'s ``seq_lens``; ``seq_of`` unread), 0 keys giving zeros."""
     ty, conv = _CONVERT[dtype]
     vec = d % 8 == 0   # 16-byte K loads (8 elements of 16 bits, 4 of fp32)
+    name = "fc_decode_attention" if decode else "fc_chunk_attention"
+    rows = "t, n = pos[t]" if decode else "seq_of[t], n = pos[t] + 1"
     return conv + f"""
 constexpr int G = {g}, D = {d}, DL = (D + 31) / 32;
 #define FC_NEG_INF __int_as_float(0xff800000)
-extern "C" __global__ void fc_chunk_attention(const {ty}* __restrict__ q,
+extern "C" __global__ void {name}(const {ty}* __restrict__ q,
     const {ty}* __restrict__ kc, const {ty}* __restrict__ vc, const int* __restrict__ seq_of,
     const int* __restrict__ pos, {ty}* __restrict__ out, int rows, int kvh, int seqs,
     int s_max, float scale, int heads) {{
@@ -160,7 +166,7 @@ extern "C" __global__ void fc_chunk_attention(const {ty}* __restrict__ q,
   for (int i = lane; i < G * D; i += 32) qs[i] = fc_f32(qt[i]);
   __syncwarp();
   {ty}* const ot = out + ((long long)t * heads + h0) * D;
-  const int sq = seq_of[t], n = pos[t] + 1;
+  const int sq = {rows};
   if (sq < 0 || sq >= seqs || n < 1 || n > s_max) {{
     for (int i = lane; i < G * D; i += 32) ot[i] = fc_bits(0.f);
     return;
@@ -272,11 +278,7 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
     from fusionc.ir.ops.chunk import check_rows
     check_rows(SimpleNamespace(name="chunk_attention", loc=None), _host(seq_of), _host(positions),
                n_seq, s_max)
-    if k_cache.data.ptr % 16 or v_cache.data.ptr % 16 or not (
-            k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
-        from fusionc.errors import InputError
-        raise InputError("a KV cache that is not contiguous from a 16-byte aligned address",
-                         op="chunk_attention", valid="whole cache arrays (16-byte K/V loads)")
+    _check_caches("chunk_attention", k_cache, v_cache)
     from fusionc.runtime import chunk_tc
     q = cupy.ascontiguousarray(q) if not q.data.ptr % 4 else q.copy()   # 32-bit q loads
     dst = out if out.flags.c_contiguous and not out.data.ptr % 4 else \
@@ -299,6 +301,59 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
              (q, k_cache, v_cache, *rows, dst, *dims, np.int32(h)), shared_mem=smem)
     if dst is not out:
         out[...] = dst
+
+
+def decode_attention(q, k_cache, v_cache, seq_lens, scale: float, out, dtype: str) -> None:
+    """``decode_attention`` on the host path (``fusionc/ir/ops/attention.py``): ``out[b] =
+    softmax(scale · q[b] · Kᵀ) · V`` over the first ``seq_lens[b]`` keys of cache row b, in one
+    launch of :func:`attention_source` (``decode``), nothing read back (a CUDA graph captures
+    it); q ``[B, H, D]``, caches ``[B, S, KV, D]`` 16-byte aligned and contiguous. A row of 0
+    keys gets zeros (so does one past S, which the interpreter refuses)."""
+    import cupy
+    b, h, d = q.shape
+    if not b:
+        return
+    _, s_max, hkv, _ = k_cache.shape
+    _check_caches("decode_attention", k_cache, v_cache)
+    g = head_group(h // hkv)
+    q = cupy.ascontiguousarray(q) if not q.data.ptr % 4 else q.copy()   # 32-bit q loads
+    dst = out if out.flags.c_contiguous and not out.data.ptr % 4 else \
+        cupy.empty(out.shape, out.dtype)
+    warps = max(1, min(ATTN_WARPS, ATTN_SMEM // (g * d * 4)))
+    kern = _kernel(attention_source(dtype, g, d, decode=True), "fc_decode_attention")
+    smem = warps * g * d * 4
+    if smem > ATTN_SMEM:   # one warp's queries alone (8 heads of head_dim > 384)
+        kern.max_dynamic_shared_size_bytes = smem
+    lens = cupy.ascontiguousarray(seq_lens)
+    kern((-(-b * (h // g) // warps),), (32 * warps,),
+         (q, k_cache, v_cache, lens, lens, dst, np.int32(b), np.int32(hkv), np.int32(b),
+          np.int32(s_max), np.float32(scale), np.int32(h)), shared_mem=smem)
+    if dst is not out:
+        out[...] = dst
+
+
+def kv_cache_append(k_cache, v_cache, k, v, positions, dtype: str) -> None:
+    """``kv_cache_append`` on the host path: ``cache[b, positions[b]] = k[b]`` (and v) in
+    place, through :func:`kv_cache_write` with row b as sequence b (positions outside the
+    cache skipped; the interpreter raises InputError for them)."""
+    import cupy
+    kv_cache_write(k_cache, v_cache, k, v, _rows_of(k.shape[0], cupy.cuda.Device().id),
+                   positions, dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _rows_of(b: int, device: int):
+    """``arange(b)`` as i32 on ``device``, made once per batch (not in a captured call)."""
+    import cupy
+    return cupy.arange(b, dtype=cupy.int32)
+
+
+def _check_caches(op: str, k_cache, v_cache) -> None:
+    if k_cache.data.ptr % 16 or v_cache.data.ptr % 16 or not (
+            k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+        from fusionc.errors import InputError
+        raise InputError("a KV cache that is not contiguous from a 16-byte aligned address",
+                         op=op, valid="whole cache arrays (16-byte K/V loads)")
 
 
 _MIRRORS: dict = {}   # (device pointer, size) -> the host copy a caller vouches for

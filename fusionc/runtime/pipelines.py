@@ -59,11 +59,12 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     runs = bool(left) and all(op.name in LIBRARY_OPS for op in left)
     path = H200.v2_path(rows)
     if any(op.name in ATTENTION_OPS for op in g.body):
-        # no library attention
-        if _mixed_rows(rows, top) or left:
+        from fusionc.lower.attention_v2 import covers
+        host = not covers(g)   # attentions the units do not take: on the host
+        if _mixed_rows(rows, top) or left or host:
             bad = _not_mixed(g)
             if bad is None:
-                return mixed_pipeline(rows)
+                return mixed_pipeline(rows, host)
             if top is None or rows > top:
                 from fusionc.errors import LoweringError
                 v1 = "" if any(op.name == "mla_decode_attention" for op in g.body) else \
@@ -103,10 +104,10 @@ def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
     """``fusionc.compile``'s lowering when none is given: ``"v2"`` (streamed kernels, the
     library path where measured faster; attention blocks as v2 linears around attention units;
     MLA blocks on the MLA units, the only MLA lowering: v1's partition-cluster names an MLA
-    attention, :func:`fusionc.lower.stages.refuse_mla`) unless a v1 option is set
-    (``cluster``, ``scheme``: the cluster kernels' choices) or the graph holds a decode op
-    (rope, kv_cache_append, decode_attention) that v2 would not lower at speed
-    (:func:`_v2_decode`).
+    attention, :func:`fusionc.lower.stages.refuse_mla`; attentions the units do not take on
+    the mixed path's host) unless a v1 option is set (``cluster``, ``scheme``: the cluster
+    kernels' choices) or the graph holds a decode op that neither the fused kernels nor the
+    mixed path run (:func:`_v2_decode`: e.g. an integer cast beside an attention block).
     v2 was faster than v1 at all 24 attention points measured (BENCHMARKS.md, issue 22)."""
     if cluster != 0 or scheme != "auto":
         return "v1"
@@ -122,22 +123,21 @@ def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
 def _v2_decode(g: Graph, max_batch: int) -> bool:
     """Whether lowering v2 takes graph ``g`` with its decode ops: every attention in the block
     form at a geometry the units run at speed (:func:`fusionc.lower.attention_v2.covers`), and
-    either fused kernels for all of it (no op left that no v2 kernel absorbs, e.g. a rope or an
-    append outside such a block or a norm after it; the rows within the fused linears' bucket,
-    128 on tensor cores) or the mixed path (:func:`mixed`) past the bucket or where the cost
-    table measured the library path faster (33 rows and more on an H200): the same choice as
-    :func:`v2_default_pipeline`'s."""
+    either fused kernels for all of it (no op left that no v2 kernel absorbs, e.g. a rope
+    outside such a block or a norm after it; the rows within the fused linears' bucket, 128 on
+    tensor cores) or the mixed path (:func:`mixed`: GEMMs around the units, the ops left as
+    host row kernels): the same choice as :func:`v2_default_pipeline`'s."""
     from fusionc.lower import mla_v2
     from fusionc.lower.attention_v2 import covers
     from fusionc.lower.linear_v2 import fused_rows
     from fusionc.lower.match_v2 import unfused_ops
     g = first_passes(g)
-    if not covers(g) or not mla_v2.covers(g):
+    if not mla_v2.covers(g):
         return False
     top, rows = fused_rows(g), _rows(g, max_batch)
-    if top is not None and rows <= top and not unfused_ops(g):
+    if covers(g) and top is not None and rows <= top and not unfused_ops(g):
         return True
-    return _mixed_rows(rows, top) and mixed(g)
+    return mixed(g)
 
 
 def first_passes(g: Graph) -> Graph:
@@ -160,18 +160,21 @@ def _mixed_rows(rows: int, top: int | None) -> bool:
 def mixed(g: Graph) -> bool:
     """Whether the mixed path runs graph ``g`` (views folded): linears as GEMMs, each attention
     core on the units, and besides them only host row-wise ops (``HOST_ROWWISE``) on float
-    operands, norms over rows ``[T, D]``."""
+    operands, norms over rows ``[T, D]``, and the attentions the units do not take (RoPE, KV
+    append and decode attention: ``fusionc.runtime.library_attention``)."""
     return _not_mixed(g) is None
 
 
 def _not_mixed(g: Graph):
     """The first op of ``g`` the mixed path cannot run on the host, or None."""
-    from fusionc.ir.ops.tokens import HOST_ROWWISE
+    from fusionc.ir.ops.tokens import HOST_DECODE, HOST_ROWWISE
     from fusionc.ir.types import FLOAT_DTYPES
     from fusionc.lower.attention_v2 import host_rest
     for op in host_rest(g):
         if op.name == "reshape":   # heads split or merged around W_UK and W_UV: views
             continue
+        if op.name in HOST_DECODE and op.operands[0].type.dtype in FLOAT_DTYPES:
+            continue   # library_attention's kernels (rope over [T, heads, D])
         if op.name not in HOST_ROWWISE or \
                 any(v.type.dtype not in FLOAT_DTYPES for v in op.operands) or \
                 op.name == "rms_norm" and op.operands[0].type.rank != 2:
@@ -179,11 +182,13 @@ def _not_mixed(g: Graph):
     return None
 
 
-def mixed_pipeline(max_batch: int) -> str:
+def mixed_pipeline(max_batch: int, host: bool = False) -> str:
     """The mixed path: views folded, the attention cores as ``attn_units`` kernels
     (``attention-units``), the linears as cuBLAS GEMMs and the rest as row kernels
-    (``lower-library``)."""
-    return f"fold-views,fuse-allreduce-norm,attention-units{{max_batch={max_batch}}},lower-library"
+    (``lower-library``); ``host``: attentions the units do not take as the host's library
+    kernels (``attention-units{host=true}``)."""
+    opts = f"max_batch={max_batch}" + (",host=true" if host else "")
+    return f"fold-views,fuse-allreduce-norm,attention-units{{{opts}}},lower-library"
 
 
 def _rows(g: Graph, max_batch: int) -> int:

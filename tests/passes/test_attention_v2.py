@@ -146,17 +146,19 @@ def test_default_lowering_takes_v2_for_the_blocks_it_covers():
     assert default_lowering(block(heads=34, kv_heads=2, hidden=64).graphs[0]) == "v2"  # G 17
     assert default_lowering(block(head_dim=160, heads=4, kv_heads=2).graphs[0]) == "v2"
     assert default_lowering(block("f32", head_dim=96).graphs[0]) == "v2"
-    assert default_lowering(block(head_dim=272, heads=4, kv_heads=2).graphs[0]) == "v1"
+    assert default_lowering(block(head_dim=272, heads=4, kv_heads=2).graphs[0]) == "v2"  # host
     assert default_lowering(block("f32", heads=34, kv_heads=2, hidden=64).graphs[0]) == "v2"   # f32 query blocks
     mla = example("deepseek_v2_lite")   # MLA's only lowering: v1 has no MLA kernel
     assert all(default_lowering(x) == "v2" for x in mla.graphs
                if any(op.name == "mla_decode_attention" for op in x.body))
 
 
-def test_attention_only_graph_without_o_projection_stays_on_v1():
+def test_attention_only_graph_without_o_projection_runs_its_attention_on_the_host():
     from tests.gpu.compiled_cases import attention_only
+    from fusionc.runtime.pipelines import v2_default_pipeline
     m = attention_only(hidden=128, heads=4, kv_heads=2, head_dim=32, max_seq=64)
-    assert default_lowering(m.graphs[0]) == "v1"
+    assert default_lowering(m.graphs[0]) == "v2"
+    assert "host=true" in v2_default_pipeline(m.graphs[0], 8)
 
 
 def test_units_refuse_f32_past_head_dim_192_by_name():
@@ -166,14 +168,14 @@ def test_units_refuse_f32_past_head_dim_192_by_name():
     for d in (208, 256):   # ptxas spills the fp32 accumulators there
         with pytest.raises(CompileError, match=f"f32 at head_dim {d}") as e:
             fc.compile(block("f32", head_dim=d, heads=4, kv_heads=2), max_batch=2,
-                       lowering="v2")
+                       pipeline=v2_pipeline(2))   # the fused path (v2's default: the host)
         assert e.value.op == "attn_units"
     assert default_lowering(block("f32", head_dim=192).graphs[0], max_batch=2) == "v2"
-    assert default_lowering(block("f32", head_dim=208).graphs[0], max_batch=2) == "v1"
+    assert default_lowering(block("f32", head_dim=208).graphs[0], max_batch=2) == "v2"  # host
     # 16-head blocks at head_dim 192: two stages of the four warps' rings do not fit
     wide = block("f32", head_dim=192, heads=32, kv_heads=2, hidden=64)
-    assert default_lowering(wide.graphs[0], max_batch=4) == "v1"
-    fc.compile(wide, max_batch=4)   # v1 takes it
+    assert default_lowering(wide.graphs[0], max_batch=4) == "v2"
+    fc.compile(wide, max_batch=4)   # the host's library attention takes it
     assert default_lowering(block("f32", head_dim=176, heads=32, kv_heads=2,
                                   hidden=64).graphs[0], max_batch=4) == "v2"
 
@@ -234,7 +236,7 @@ def test_swapped_caches_are_not_taken_as_an_attention_core():
     m = parse_module(_swap(print_module(block())))
     g = m.graphs[0]
     assert "decode_attention(%q_rot, %v_cache.1, %k_cache.1" in print_module(m)
-    assert attention_cores(g) == [] and default_lowering(g) == "v1"
+    assert attention_cores(g) == [] and default_lowering(g) == "v2"   # on the host
     from fusionc.errors import LoweringError
     with pytest.raises(LoweringError, match="outside the block form") as e:
         run_pipeline(m, v2_pipeline(4))
@@ -271,13 +273,39 @@ def test_default_lowering_keeps_v1_for_graphs_v2_would_not_lower():
     sizes = dict(hidden=128, heads=4, kv_heads=2, head_dim=32, max_seq=96)
     chunk = chunk_attention_block(eps=1e-5, theta=1e4, dtype="f16", **sizes)
     assert default_lowering(chunk.graphs[0]) == "v2"     # a prompt chunk: the library path
-    assert default_lowering(block(head_dim=512, heads=2, kv_heads=1).graphs[0]) == "v1"
+    assert default_lowering(block(head_dim=512, heads=2, kv_heads=1).graphs[0]) == "v2"
     assert default_lowering(block(head_dim=192, heads=2, kv_heads=1).graphs[0]) == "v2"
     assert default_lowering(block(head_dim=256, heads=2, kv_heads=1).graphs[0]) == "v2"
 
     normed = tiny(lambda y, kc, vc, k_cache, w_n, pos: (fc.rms_norm(y, w_n, 1e-5), kc, vc))
-    assert default_lowering(normed.graphs[0]) == "v1"    # a norm after the block, 8 rows
-    assert default_lowering(normed.graphs[0], max_batch=64) == "v2"   # the mixed path
+    assert default_lowering(normed.graphs[0]) == "v2"    # a norm after the block: mixed path
+    assert default_lowering(normed.graphs[0], max_batch=64) == "v2"
+
+
+def _roped():
+    """The tiny block, then a RoPE of its output's heads outside the block."""
+    import fusionc as fc
+    return tiny(lambda y, kc, vc, k_cache, w_n, pos: (
+        fc.merge_heads(fc.rope(fc.split_heads(y, 2), pos, 1e4)), kc, vc))
+
+
+@pytest.mark.parametrize("tail", ["norm", "rope"])
+@pytest.mark.parametrize("rows", [3, 8, 40])
+def test_ops_after_the_block_take_the_mixed_path_at_any_batch(tail, rows):
+    """A norm or a RoPE after the attention block (ops no fused kernel absorbs) runs on the
+    mixed path at every batch (GEMMs, the units, host row kernels), as v2's default."""
+    import fusionc as fc
+    from fusionc.runtime.pipelines import v2_default_pipeline
+    m = _roped() if tail == "rope" else \
+        tiny(lambda y, kc, vc, k_cache, w_n, pos: (fc.rms_norm(y, w_n, 1e-5), kc, vc))
+    g = m.graphs[0]
+    assert default_lowering(g, max_batch=rows) == "v2"
+    pipe = v2_default_pipeline(g, rows)
+    assert "attention-units" in pipe and pipe.endswith("lower-library")
+    rng = np.random.default_rng(rows)
+    args = inputs(g, rows, rng.integers(0, 81, rows).tolist(), rng)
+    for a, r in zip(simulate(run_pipeline(m, pipe), args), interpret(m, args)):
+        assert rel_err(a, r) <= TOL["f16"]
 
 
 def test_past_the_bucket_the_mixed_path_runs_gemms_around_the_units():
@@ -312,11 +340,16 @@ def _with_old_cache_read():
 def test_a_cache_read_beside_its_in_place_append_is_refused_by_name():
     from fusionc.errors import LoweringError
     from fusionc.passes import DEFAULT_PIPELINE
+    from fusionc.runtime.pipelines import v2_default_pipeline
     m = _with_old_cache_read()
-    assert default_lowering(m.graphs[0], max_batch=200) == "v1"
+    assert default_lowering(m.graphs[0], max_batch=200) == "v2"
     with pytest.raises(LoweringError, match="outside the block form") as e:
         run_pipeline(m, "fold-views,attention-units{max_batch=200},lower-library")
     assert e.value.op == "decode_attention"
+    for rows in (4, 200):   # the host's append is in place too
+        with pytest.raises(LoweringError, match="read beside its kv_cache_append") as e:
+            run_pipeline(m, v2_default_pipeline(m.graphs[0], rows))
+        assert e.value.op == "kv_cache_append" and e.value.loc is not None
     with pytest.raises(LoweringError, match="read beside its kv_cache_append") as e:
         run_pipeline(m, DEFAULT_PIPELINE)
     assert e.value.op == "kv_cache_append"
@@ -328,14 +361,12 @@ def test_mixed_path_choices_follow_what_the_host_can_run():
     from fusionc.tune.search import candidates
     g = block().graphs[0]
     assert [c.path for c in candidates(g, 200, "v2")] == ["mixed"]
+    assert [c.path for c in candidates(_roped().graphs[0], 200, "v2")] == ["mixed"]
     import fusionc as fc
-    roped = tiny(lambda y, kc, vc, k_cache, w_n, pos: (
-        fc.merge_heads(fc.rope(fc.split_heads(y, 2), pos, 1e4)), kc, vc))
-    assert candidates(roped.graphs[0], 200, "v2") == []
-    assert default_lowering(roped.graphs[0], max_batch=200) == "v1"
-    with pytest.raises(LoweringError, match="whose rope the host cannot run") as e:
-        v2_default_pipeline(roped.graphs[0], 200)   # heads views are views; the rope is not
-    assert e.value.op == "rope" and e.value.loc is not None
+    ints = tiny(lambda y, kc, vc, k_cache, w_n, pos: (y, kc, vc, fc.cast(pos, "f32")))
+    with pytest.raises(LoweringError, match="whose cast the host cannot run") as e:
+        v2_default_pipeline(ints.graphs[0], 200)   # the host's row kernels take floats
+    assert e.value.op == "cast" and e.value.loc is not None
 
 
 def test_a_bucket_too_big_for_the_unit_prefix_is_named():

@@ -38,7 +38,10 @@ HOST_ROWWISE = frozenset({"library_call", "head_linear", "rms_norm", "silu_mul",
 # What the library path runs besides them: gathers of table rows by token id, heads as views,
 # and a prompt chunk's RoPE, KV-cache write and attention (fusionc.runtime.library_attention).
 CHUNK_OPS = frozenset({"rope", "kv_cache_write", "chunk_attention"})
-LIBRARY_OPS = HOST_ROWWISE | CHUNK_OPS | frozenset({"embedding", "reshape"})
+# A decode step's attention ops that the attention units do not take, on the mixed path's host
+# (the same library kernels).
+HOST_DECODE = frozenset({"rope", "kv_cache_append", "decode_attention"})
+LIBRARY_OPS = HOST_ROWWISE | CHUNK_OPS | HOST_DECODE | frozenset({"embedding", "reshape"})
 
 SPLIT_ATTRS = (
     attr("parts", POS_INT, doc="number of row blocks"),
