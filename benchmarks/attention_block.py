@@ -3,7 +3,7 @@ O projection → residual) — fusionc vs PyTorch eager and torch.compile, each 
 the HBM floor. Run on the GPU machine:
 
     python3 benchmarks/attention_block.py [--quick | --headline | --sweep] [--shard i/n]
-        [--lowering v2 [--compare-v1]] [--models A,B] [--batch 1,16] [--kv 1024,4096]
+        [--models A,B] [--batch 1,16] [--kv 1024,4096]
         [--compile-mode default]
 
 ``--sweep``: every model of MODELS (ten head configurations: MHA 32/32 and 40/40, GQA 32/8,
@@ -11,8 +11,8 @@ the HBM floor. Run on the GPU machine:
 64, 256 and KV 1K, 4K, 16K, 64K, points whose caches exceed 30 GB skipped; ``--headline``:
 the twelve points of HEADLINE. ``--shard i/n`` runs every n-th point from the i-th.
 
-``--lowering v2``: fusionc on design v2 (v2 linear kernels around attention units over every
-SM; issue 22); ``--compare-v1`` then also times lowering v1 (column ``alt_us``).
+fusionc runs its default (lowering v2: v2 linear kernels around attention units over every
+SM, issue 22; the mixed path past the fused bucket).
 
 Prints a Markdown table (last) for BENCHMARKS.md and writes a CSV to
 ``$OUT/attention_block[-shard{i}of{n}].csv`` when ``$OUT`` is set. Every variant rotates
@@ -200,16 +200,12 @@ def _variants(args):
     out = [(args.codegen, args.lowering)]
     if args.alt:
         out.append((args.alt, args.lowering))
-    elif args.compare_v1:
-        out.append((args.codegen, "v1"))
     return out
 
 
 def _extra(ap):
-    ap.add_argument("--lowering", choices=("v1", "v2"), default=None,
-                    help="fusionc's lowering (default: fusionc.compile's choice)")
-    ap.add_argument("--compare-v1", action="store_true",
-                    help="with --lowering v2: also time lowering v1 (column alt_us)")
+    ap.add_argument("--lowering", choices=("v2",), default=None,
+                    help="fusionc's lowering (v2, its only one, the default)")
     ap.add_argument("--models", default=None, help="comma-separated names of MODELS")
     ap.add_argument("--kv", default=None, help="comma-separated KV lengths")
     ap.add_argument("--compile-mode", default=None,

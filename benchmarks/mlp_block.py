@@ -2,13 +2,13 @@
 fusionc vs PyTorch eager and torch.compile, each in a CUDA graph, vs the HBM floor (weights +
 x in + y out at the copy bandwidth measured in the same run):
 
-    python3 benchmarks/mlp_block.py [--quick] [--lowering v1|v2] [--compare-v1 |
-        --compare-unchained | --compare-chained | --compare-wide | --compare-library]
+    python3 benchmarks/mlp_block.py [--quick] [--compare-unchained | --compare-chained |
+        --compare-wide | --compare-library]
         [--shard i/n]
         [--models NAME,...] [--batch 1,4,16] [--dtype f16|bf16]
 
 Shapes: eight open models, hidden 2048–8192 (some intermediates no multiple of 1024); batch 1,
-2, 4, 8, 16, 32, 64, 128, 256 by default. ``--compare-v1`` adds the v1 lowering as ``alt_us``,
+2, 4, 8, 16, 32, 64, 128, 256 by default. As ``alt_us``:
 ``--compare-unchained`` / ``--compare-chained`` v2 with one kernel per linear or the MLP in one
 persistent kernel (``v2_pipeline(chain=...)``; the default picks by the batch),
 ``--compare-wide`` the same in one kernel of 128-row weight tiles,
@@ -127,7 +127,7 @@ def points(args) -> list[tuple[str, int]]:
 def variants(args):
     """(codegen options, lowering) of fusionc's column and of ``alt_us``."""
     main = (args.codegen, LOWERING)
-    alt = (args.alt, LOWERING) if args.alt else ((None, "v1") if args.compare_v1 else None)
+    alt = (args.alt, LOWERING) if args.alt else None
     if args.compare_unchained or args.compare_chained:
         alt = (None, "v2-unchained" if args.compare_unchained else "v2-chained")
     if args.compare_library:
@@ -147,8 +147,8 @@ def compile_only(args):
 
 def extra_args(ap):
     from benchmarks.gemv import shard_spec
-    ap.add_argument("--lowering", choices=("v1", "v2"), default="v2")
-    ap.add_argument("--compare-v1", action="store_true", help="v1 as the alt_us column")
+    ap.add_argument("--lowering", choices=("v2",), default="v2",
+                    help="fusionc's lowering (v2, its only one)")
     ap.add_argument("--compare-unchained", action="store_true",
                     help="v2 with one kernel per linear as the alt_us column")
     ap.add_argument("--compare-chained", action="store_true",

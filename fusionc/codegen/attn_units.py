@@ -78,7 +78,8 @@ def _check(kernel: Graph, op: Op, geo: dict) -> None:
         raise CompileError("attention units cannot take " + ", ".join(bad), op=op.name,
                            loc=op.loc, valid="f16 or bf16 (f32 at head_dim <= 192), head_dim "
                                              "a multiple of 16, a few thousand rows at most "
-                                             "(lowering v1 takes the others)")
+                                             "(the mixed path's host attention takes "
+                                             "the others)")
 
 
 def generate_attn_units(kernel: Graph, options=None) -> KernelSource:

@@ -72,7 +72,7 @@ def _check(kernel: Graph, op: Op, geo: dict) -> None:
         raise CompileError("MLA units cannot take " + ", ".join(bad), op=op.name, loc=op.loc,
                            valid="f16, bf16 or f32, at most 128 heads, a latent dim a "
                                  "multiple of 64, a rope dim a multiple of 16, within 227 KB "
-                                 "of shared memory (lowering v1 takes others up to 16 heads)")
+                                 "of shared memory")
 
 
 def generate_mla_units(kernel: Graph, options=None) -> KernelSource:

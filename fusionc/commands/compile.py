@@ -12,8 +12,8 @@ from fusionc.commands.check import (  # noqa: F401  (public here: fusionc.tune, 
 _EPILOG = """\
 writes into DIR:
   <graph>.0-input.fir, <graph>.1-fold-views.fir, ...  the IR after each pass of the graph's
-    pipeline (lowering v2's fused kernels: ... <graph>.6-smem-plan.fir; v1's start
-    <graph>.1-fuse-allreduce-norm.fir)
+    pipeline (the fused kernels: ... <graph>.6-smem-plan.fir; the mixed and library paths:
+    ... <graph>.4-lower-library.fir)
   <kernel>.cu, <kernel>.cubin                                 CUDA source and sm_90a cubin
 and prints per kernel: grid, cluster size, threads, registers, shared memory, spills; then the
 simulator check ("checking @GRAPH ..." as it starts): the lowered module run by the tile-IR
@@ -23,7 +23,7 @@ lowered to library calls says so; an already lowered input has no check (it says
 
 examples:
   fusionc compile examples/llama2_7b.py -o /tmp/out
-  fusionc compile examples/llama3_8b.py -o /tmp/l3 --cluster 8 --graph attention
+  fusionc compile examples/llama3_8b.py -o /tmp/l3 --max-batch 64 --graph attention
   fusionc compile examples/linear_v2.py -o /tmp/lin --lowering v2 --max-batch 4
 """
 
@@ -40,10 +40,6 @@ def setup(p):
     p.add_argument("-D", dest="sizes", metavar="NAME=VALUE", action="append", default=[],
                    help="a size for build() of a .py file (repeatable)")
     p.add_argument("--graph", metavar="NAME", help="compile only this graph")
-    p.add_argument("--cluster", type=int, default=0, choices=(0, 1, 2, 4, 8, 16),
-                   help="cluster size (0: cost model; lowering v1)")
-    p.add_argument("--scheme", default="auto", choices=("auto", "splitk", "splitn"),
-                   help="QKV scheme of the attention cluster kernels (lowering v1)")
     p.add_argument("--max-batch", type=positive_int, default=None,
                    help=f"batch bucket (default {DEFAULT_MAX_BATCH})")
     p.add_argument("--passes", metavar="PIPELINE", help="pipeline string (overrides the above)")
@@ -57,14 +53,13 @@ def setup(p):
 
 def add_lowering_arg(p) -> None:
     """``--lowering`` of ``fusionc compile`` and ``run``."""
-    p.add_argument("--lowering", choices=("auto", "v1", "v2"), default="auto",
-                   help="v1: cluster kernels per block (no MLA); v2: streamed persistent "
-                        "kernels over every SM (graphs of linear, norm, view and elementwise "
-                        "ops, attention blocks as v2 linears around attention units, MLA "
-                        "blocks around the MLA units; the library path where the cost table "
-                        "measured it faster); auto (default): v2 unless the graph holds "
-                        "an attention the units do not take by default, or --cluster / "
-                        "--scheme is given")
+    p.add_argument("--lowering", choices=("auto", "v2"), default="auto",
+                   help="v2 (the same as auto, the default): streamed persistent kernels over "
+                        "every SM (graphs of linear, norm, view and elementwise ops, attention "
+                        "blocks as v2 linears around attention units, MLA blocks around the "
+                        "MLA units; the mixed or library path where the cost table measured "
+                        "it faster or the fused kernels do not take the graph); lowering v1's "
+                        "cluster kernels were removed")
 
 
 def compile_main(args) -> int:
@@ -115,13 +110,12 @@ def _chosen_graphs(module, args) -> list:
     return graphs
 
 
-_LOWERING_OPTIONS = (("cluster", "--cluster", 0), ("scheme", "--scheme", "auto"),
-                     ("max_batch", "--max-batch", None), ("passes", "--passes", None),
+_LOWERING_OPTIONS = (("max_batch", "--max-batch", None), ("passes", "--passes", None),
                      ("lowering", "--lowering", "auto"))
 
 
 def _refuse_lowering_options(args) -> None:
-    """An already lowered module has its cluster, scheme, batch and passes fixed."""
+    """An already lowered module has its batch and passes fixed."""
     from fusionc.errors import InputError
     given = [flag for attr, flag, default in _LOWERING_OPTIONS
              if getattr(args, attr) != default]
@@ -135,35 +129,20 @@ def _lower(g, args, out: pathlib.Path):
     """Run the pipeline on ``g``, writing the IR before and after every pass into ``out``."""
     from fusionc.ir import Module, print_module
     from fusionc.passes import run_pipeline
-    from fusionc.runtime.pipelines import pipeline_for
     stage = [0]
 
     def dump(spec, m):
         stage[0] += 1
         write_file(out / f"{g.name}.{stage[0]}-{spec.split('{')[0]}.fir", print_module(m))
     max_batch = args.max_batch or DEFAULT_MAX_BATCH
-    lowering = chosen = getattr(args, "lowering", "auto")
-    if lowering == "auto":
-        from fusionc.runtime.pipelines import default_lowering
-        lowering = default_lowering(g, args.cluster, args.scheme, max_batch)
-    if lowering == "v2" and (args.cluster or args.scheme != "auto"):
-        from fusionc.errors import InputError
-        given = " ".join(f for f, on in ((f"--cluster {args.cluster}", args.cluster),
-                                          (f"--scheme {args.scheme}", args.scheme != "auto"))
-                         if on)
-        raise InputError(f"{given} with --lowering v2",
-                         valid="drop it: an option of lowering v1's cluster kernels")
     _remove_stale_stages(out, g.name)
     write_file(out / f"{g.name}.0-input.fir", print_module(Module((g,))))   # checked first
     if args.passes:   # the default is not computed: its matcher may refuse what --passes takes
         pipeline = args.passes
-    elif lowering == "v2":
+    else:
         from fusionc.runtime.pipelines import v2_default_pipeline
         pipeline = v2_default_pipeline(g, max_batch)
-    else:
-        pipeline = pipeline_for(g, max_batch, args.cluster, args.scheme)
-    how = "--passes" if args.passes else f"lowering {lowering}" + (
-        " (auto)" if chosen == "auto" else "")
+    how = "--passes" if args.passes else "lowering v2"
     print(f"lowering @{g.name} at --max-batch {max_batch}: {how}: {pipeline}")
     return run_pipeline(Module((g,)), pipeline, on_stage=dump)
 

@@ -18,8 +18,8 @@ examples:
   fusionc ir examples/llama3_8b.py -D hidden=512 -D intermediate=1024 --graph mlp
   fusionc ir saved.fir
   fusionc ir examples/llama3_8b.py --after smem-plan --graph mlp   # tile IR + cost table
-  fusionc ir examples/llama3_8b.py --lowering v1 --after partition-cluster
-  fusionc ir examples/llama2_7b.py --passes "partition-cluster{size=4,scheme=splitn}"
+  fusionc ir examples/llama3_8b.py --max-batch 64 --after attention-units --graph attention
+  fusionc ir examples/llama2_7b.py --passes "fold-views,partition-units{max_batch=4}"
 
 With --after or --passes, each kernel's cost (global and DSM bytes, FLOPs, waves, estimated time
 on an H200 at --batch/--kv-len) is printed as // comments, so the output still parses.
@@ -38,13 +38,12 @@ def setup(p):
     p.add_argument("--after", metavar="PASS",
                    help="run the default pipeline up to PASS and print the IR after it")
     p.add_argument("--passes", metavar="PIPELINE",
-                   help='run this pipeline first, e.g. "partition-cluster{size=4},fuse"')
+                   help='run this pipeline first, e.g. "fold-views,partition-units{max_batch=4}"')
     from fusionc.commands.compile import positive_int
-    p.add_argument("--lowering", choices=("auto", "v1", "v2"), default=None,
-                   help="each graph's default pipeline for --after: auto (the default: "
-                        "fusionc.compile's choice for that graph), v2 (fused streamed "
-                        "kernels or the library path) or v1 (cluster kernels; MLA graphs "
-                        "need v2 or auto: v1 has no MLA kernel)")
+    p.add_argument("--lowering", choices=("auto", "v2"), default=None,
+                   help="each graph's default pipeline for --after: v2 (the same as auto, "
+                        "fusionc.compile's choice for that graph: fused streamed kernels, the "
+                        "mixed or the library path); lowering v1 was removed")
     p.add_argument("--max-batch", type=positive_int, default=None,
                    help="batch bucket of the v2 pipeline (default 8)")
     p.add_argument("--batch", type=positive_int, default=None,
@@ -115,21 +114,16 @@ def parse_sizes(items: list[str]) -> dict:
 
 def _pipelines(module, args) -> dict[str, str]:
     """The pipeline of each graph of ``module`` (by name): ``--passes``; else as
-    ``fusionc.compile`` picks it for that graph alone (``--lowering auto``:
-    :func:`fusionc.runtime.pipelines.default_lowering`; v2:
-    :func:`fusionc.runtime.pipelines.v2_default_pipeline`; v1:
-    :func:`fusionc.runtime.pipelines.pipeline_for`; at ``--max-batch`` and ``--kv-len``). A
-    module that already holds kernels (a lowered .fir) runs as one: its first host graph's."""
-    from fusionc.runtime.pipelines import default_lowering, pipeline_for, v2_default_pipeline
+    ``fusionc.compile`` picks it for that graph alone
+    (:func:`fusionc.runtime.pipelines.v2_default_pipeline` at ``--max-batch``). A module
+    that already holds kernels (a lowered .fir) runs as one: its first host graph's."""
+    from fusionc.runtime.pipelines import v2_default_pipeline
     mb = getattr(args, "max_batch", None) or 8
-    lowering = getattr(args, "lowering", None) or "auto"
     out = {}
     for g in module.graphs:
         if args.passes or g.kind != "graph":
             continue
-        low = default_lowering(g, max_batch=mb) if lowering == "auto" else lowering
-        out[g.name] = v2_default_pipeline(g, mb) if low == "v2" else \
-            pipeline_for(g, mb, kv_len=getattr(args, "kv_len", None))
+        out[g.name] = v2_default_pipeline(g, mb)
     if args.passes or any(g.kind != "graph" for g in module.graphs):
         first = args.passes or next(iter(out.values()), None)
         if first is None:
@@ -143,14 +137,10 @@ def _no_such_pass(module, args, skipped: list) -> None:
     """PassError: no graph's pipeline has ``--after``'s pass (``skipped``: each group's
     ``(module, names, passes)``)."""
     from fusionc.errors import PassError
-    from fusionc.passes import DEFAULT_PIPELINE
     names = list(dict.fromkeys(p for _, _, at in skipped for p in at))
     why = ""
     if "lower-library" in names and not args.passes:
         why = _library_why(module, names, getattr(args, "max_batch", None) or 8)
-    elif not args.passes and (getattr(args, "lowering", None) or "auto") != "v1" and \
-            args.after in DEFAULT_PIPELINE.split(","):
-        why = " (it is a pass of lowering v1: add --lowering v1)"
     raise PassError(f"--after {args.after}: no such pass in the pipeline{why}",
                     valid=", ".join(names))
 

@@ -17,7 +17,7 @@ fp16/bf16 pass at <= 1e-2) and timed (median of CUDA-event times over --reps lau
 
 examples:
   fusionc run examples/llama2_7b.py --batch 1 --kv-len 4096
-  fusionc run examples/llama3_8b.py --batch 4 --kv-len 1024 --dtype bf16 --cluster 8
+  fusionc run examples/llama3_8b.py --batch 4 --kv-len 1024 --dtype bf16
   fusionc run examples/llama2_7b.py --graph mlp --batch 16 --timeline
 """
 
@@ -31,8 +31,6 @@ def setup(p):
     p.add_argument("--kv-len", type=positive_int, default=1024,
                    help="longest KV length, default 1024")
     p.add_argument("--dtype", choices=("f16", "bf16"), help="override the example's dtype")
-    p.add_argument("--cluster", type=int, default=0, choices=(0, 1, 2, 4, 8, 16),
-                   help="cluster size (0: cost model; lowering v1)")
     p.add_argument("--graph", metavar="NAME", help="run only this graph")
     p.add_argument("-D", dest="sizes", metavar="NAME=VALUE", action="append", default=[],
                    help="a size for build() (repeatable)")
@@ -44,7 +42,7 @@ def setup(p):
     add_lowering_arg(p)
     p.add_argument("--timeline", action="store_true",
                    help="profiling build: print each kernel's time per op (last launch; "
-                        "fusionc.runtime.timeline); profiles the cost model's choice, not a "
+                        "fusionc.runtime.timeline); profiles the cost table's choice, not a "
                         "stored autotuned one")
 
     def run(args):
@@ -93,7 +91,7 @@ def run_graph(g, args) -> tuple[str, bool]:
     from fusionc.codegen import CodegenOptions
     comm, group = _communicator(g)
     timeline = getattr(args, "timeline", False)
-    fn = fusionc.compile(g, max_batch=args.batch, cluster=args.cluster, kv_len=args.kv_len,
+    fn = fusionc.compile(g, max_batch=args.batch, kv_len=args.kv_len,
                          comm=comm, split_tokens=getattr(args, "split_tokens", None),
                          codegen=CodegenOptions(timeline=True) if timeline else None,
                          lowering=_lowering(args))

@@ -5,9 +5,8 @@ from fusionc.cli import command
 from fusionc.commands.compile import positive_int
 
 
-@command("tune", "measure kernel choices on the GPU (v1: cluster size, scheme, gemv depth; "
-                 "v2: fused 64- or 128-row tiles, chained or not, or the library path); store "
-                 "the fastest")
+@command("tune", "measure kernel choices on the GPU (fused 64- or 128-row tiles, chained or "
+                 "not, the library or the mixed path); store the fastest")
 def setup(p):
     p.add_argument("source", help="a DSL file (.py) or graph-IR text (.fir)")
     p.add_argument("--batch", type=positive_int, default=1, help="batch bucket (default 1)")
@@ -15,16 +14,12 @@ def setup(p):
     p.add_argument("--graph", metavar="NAME", help="tune only this graph")
     p.add_argument("--compile-only", action="store_true",
                    help="only compile every candidate into the cubin cache (no GPU needed)")
-    p.add_argument("--lowering", choices=("auto", "v1", "v2"), default="auto",
-                   help="whose choices to search (auto: fusionc.compile's lowering of each "
-                        "graph)")
     p.add_argument("-D", dest="sizes", metavar="NAME=VALUE", action="append", default=[],
                    help="a size for build() (repeatable)")
 
     def run(args):
         from fusionc.commands.ir import load, parse_sizes
         from fusionc.dsl.loader import build_parameters
-        from fusionc.runtime.pipelines import default_lowering
         from fusionc.tune import autotune
         from fusionc.tune.search import compile_candidates
         sizes = parse_sizes(args.sizes)
@@ -42,16 +37,14 @@ def setup(p):
         for g in module.graphs:
             if g.kind != "graph" or args.graph not in (None, g.name):
                 continue
-            low = default_lowering(g, max_batch=args.batch) if args.lowering == "auto" \
-                else args.lowering
             if args.compile_only:
-                n = len(compile_candidates(g, args.batch, args.kv_len, lowering=low))
-                print(f"@{g.name}: {n} candidate{'' if n == 1 else 's'} of lowering {low} compiled")
+                n = len(compile_candidates(g, args.batch, args.kv_len))
+                print(f"@{g.name}: {n} candidate{'' if n == 1 else 's'} compiled")
                 continue
-            best, results = autotune(g, args.batch, args.kv_len, lowering=low)
+            best, results = autotune(g, args.batch, args.kv_len)
             for ch, us in sorted(results, key=lambda r: r[1])[:5]:
                 print(f"@{g.name}: {ch.describe()}: {us:.1f} µs")
-            print(f"@{g.name}: stored {best.describe()} (lowering {low}) for batch "
+            print(f"@{g.name}: stored {best.describe()} for batch "
                   f"{args.batch}, KV {args.kv_len}")
         return 0
     return run

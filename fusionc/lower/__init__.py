@@ -1,8 +1,8 @@
-"""Lowering of graph-IR decoder stages to tile-IR cluster kernels (used by partition-cluster).
+"""Lowering of graph-IR blocks to tile-IR kernels of design v2.
 
 - :mod:`.builder`: a small API to emit tile ops with fresh names and inferred types;
-- :mod:`.match`: finds attention and MLP blocks in a graph (by dataflow, not by model name);
-- :mod:`.attention`: the per-CTA tile program of an attention block (MLP blocks and other
-  linears: :mod:`.linear_v2`; MLA blocks: :mod:`.mla_v2`; design v2);
-- :mod:`.collectives`: the smem_store / barrier / collective / barrier idiom.
+- :mod:`.match_v2`, :mod:`.linear_v2`: linear layers and the ops around them (MLP blocks) as
+  streamed kernels;
+- :mod:`.attention_v2`: an attention block's core as one attention-units kernel;
+- :mod:`.mla_v2`, :mod:`.match_heads`: MLA blocks (the MLA units, block-diagonal head linears).
 """

@@ -89,7 +89,8 @@ def refuse_unmatched(g: Graph, cores) -> None:
                 "(rms_norm: QK-norm) -> one rope on q and k -> kv_cache_append(k_cache, "
                 "v_cache, k, v, positions) on caches nothing else reads -> "
                 "decode_attention(q, appended k, appended v, seq_lens) -> reshape, each value "
-                "read once (fusionc.models.blocks); others on lowering='v1'")
+                "read once (fusionc.models.blocks); others on the mixed path "
+                "(fusionc.runtime.pipelines.mixed_pipeline(rows, host=True))")
 
 
 def threads(head_dim: int, dtype: DType | None = None) -> int:

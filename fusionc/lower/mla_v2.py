@@ -193,7 +193,7 @@ def refuse_unmatched(g: Graph, cores) -> None:
                 "split(kv_a) -> (rms_norm c) and reshape-rope-reshape k_pe -> "
                 "latent_cache_append on a cache nothing else reads -> "
                 "mla_decode_attention(q_latent, q_rot, cache', seq_lens) "
-                "(examples/deepseek_v2_lite.py); lowering v1 has no MLA kernel")
+                "(examples/deepseek_v2_lite.py)")
         bad = _bad(by_id[id(op)])
         if bad:
             raise LoweringError("the MLA units cannot take " + ", ".join(bad), op=op.name,

@@ -1,6 +1,6 @@
 """Pipeline strings and the pass manager.
 
-A pipeline is written ``"partition-cluster{size=4},fuse"``: pass names with optional
+A pipeline is written ``"fold-views,partition-units{max_batch=4}"``: pass names with optional
 ``{option=value,...}``. :func:`run_pipeline` verifies the IR after every pass and can dump the
 IR after any pass (``dump=`` argument or ``FUSIONC_DUMP=after:NAME`` / ``after:all``).
 """
@@ -20,24 +20,10 @@ from fusionc.ir.printer import print_module
 from fusionc.ir.verifier import verify_module
 from fusionc.passes.base import PASSES, Pass
 
-DEFAULT_PIPELINE = ("fuse-allreduce-norm,partition-cluster,fuse,partition-units,stream-plan,"
+# lowering v2 at a batch bucket of 8 (fusionc.passes.stream.v2_pipeline(8)): run_pipeline's
+# default
+DEFAULT_PIPELINE = ("fold-views,fuse-allreduce-norm,partition-units{max_batch=8},stream-plan,"
                     "insert-barriers,smem-plan")
-
-
-def default_pipeline(cluster: int = 0, scheme: str = "auto", max_batch: int = 8,
-                     kv_len: int | None = None) -> str:
-    """Lowering v1's pipeline (``fusionc.compile`` with ``lowering="v1"``, ``cluster`` or
-    ``scheme``): fuse the tensor-parallel collectives with their residual add and RMSNorm,
-    partition the attention blocks over clusters (``cluster`` 0: the cost model's size; an MLA
-    block is refused by name: v1 has no MLA kernel), fuse launches, then design v2's streamed kernels for the linears left (MLP blocks:
-    ``partition-units`` and the passes after it, :func:`fusionc.passes.stream.v2_pipeline`)."""
-    plan = f"size={cluster},scheme={scheme}"
-    if kv_len is not None:
-        plan += f",batch={max_batch},kv_len={kv_len}"
-    from fusionc.passes.stream import v2_pipeline
-    units = v2_pipeline(max_batch)
-    units = units[units.index("partition-units"):]   # as v2 chains them at this batch
-    return f"fuse-allreduce-norm,partition-cluster{{{plan},max_batch={max_batch}}},fuse,{units}"
 
 _GRAMMAR = r"""
 start: step ("," step)*
@@ -74,7 +60,7 @@ def _make(step, text: str) -> Pass:
                         valid=", ".join(sorted(PASSES)))
     fields = {f.name: f for f in dataclasses.fields(cls)}
     opts = {}
-    for opt in (o for o in step.children[1:] if o is not None):   # "fuse{}": no options
+    for opt in (o for o in step.children[1:] if o is not None):   # "fold-views{}": no options
         key, raw = str(opt.children[0]), str(opt.children[1])
         if key not in fields:
             raise PassError(f"pass '{name}' has no option '{key}'", op=name,

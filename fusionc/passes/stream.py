@@ -14,9 +14,8 @@ NAME``:
     the kernel's ``row_rms`` serving both. An attention block's
     core (split, views, QK-norm, RoPE, KV append, decode attention:
     :func:`fusionc.lower.attention_v2.attention_cores`) becomes one ``attn_units`` kernel
-    between the QKV and output projections. Launches of cluster kernels (lowering v1's
-    ``partition-cluster``: attention) stay as they are, so v1's pipeline ends with these
-    passes for the linears it leaves. Multi-GPU collectives (``all_reduce``,
+    between the QKV and output projections. Launches of kernels lowered before (tile-IR
+    kernels of the input) stay as they are. Multi-GPU collectives (``all_reduce``,
     ``all_reduce_add``, ``all_reduce_add_rms_norm``: tensor-parallel layers, after
     ``fuse-allreduce-norm``) stay in the graph between the kernels. Other ops are refused by
     name. A batch bucket past the fused kernels' is refused
@@ -152,7 +151,7 @@ class PartitionUnits(Pass):
                                     "kernels)",
                                     op=self.name, loc=op.loc,
                                     valid="partition-units once, on graph IR")
-                made.update(r.name for r in op.results)   # a cluster kernel (lowering v1)
+                made.update(r.name for r in op.results)   # a tile-IR kernel of the input
                 body.append(op)
                 continue
             if id(op) in cores:
@@ -180,13 +179,14 @@ class PartitionUnits(Pass):
                                     "x a [B, H, K] kernel output or graph input (or the first "
                                     "part of split(reshape(q)) in an MLA block); elsewhere in "
                                     "an MLA block it runs on the host; others on "
-                                    "lowering='v1' or the library path")
+                                    "the library path")
             if op.name != "linear" and id(op) not in specs:
                 raise LoweringError("not lowered by lowering v2 yet", op=op.name, loc=op.loc,
                                     valid="linear layers with an rms_norm before them and "
                                           "bias, silu, silu_mul (of a split), add, mul or cast "
                                           "after them, and attention blocks in the form "
-                                          "of fusionc.models.blocks; others on lowering='v1'")
+                                          "of fusionc.models.blocks; others on the mixed "
+                                          "or library path (fusionc.compile's default)")
             if op.operands[1].name not in {p.name for p in g.params}:
                 raise LoweringError(f"the weight %{op.operands[1].name} is computed in "
                                     "the graph", op=op.name, loc=op.loc,

@@ -7,7 +7,7 @@ from fusionc.errors import CompileError, InputError
 from fusionc.ir.nodes import Graph, Module
 
 
-def check_options(program, max_batch, kv_len, cluster) -> None:
+def check_options(program, max_batch, kv_len) -> None:
     if not isinstance(program, (Module, Graph)):
         raise InputError(f"cannot compile a {type(program).__name__}",
                          valid="a fusionc.ir.Module or Graph (a @fusionc.graph function, or "
@@ -31,7 +31,7 @@ def check_kinds(codegen, progress, pipeline, pdl, autotune):
         raise InputError(f"progress = {progress!r}", valid="None or a callable(str), e.g. print")
     if pipeline is not None and not isinstance(pipeline, str):
         raise InputError(f"pipeline = {pipeline!r}", valid='None or a pipeline string such as '
-                         '"partition-cluster{size=4},fuse"')
+                         '"fold-views,partition-units{max_batch=4}"')
     for name, v in (("pdl", pdl), ("autotune", autotune)):
         if not isinstance(v, bool):
             raise InputError(f"{name} = {v!r}", valid="True or False")
@@ -51,18 +51,16 @@ def check_split_options(split_tokens, min_split_tokens, side_ctas) -> None:
                              (f" to {hi}" if hi else ""))
 
 
-def tuned_v1(g: Graph, max_batch: int, kv_len: int, search: bool):
-    """(cluster, scheme, CodegenOptions) stored for this graph and GPU, searched first when
-    ``search`` and nothing is stored; None to let the cost model decide."""
-    from fusionc.codegen import CodegenOptions
-    from fusionc.tune import autotune, lookup
-    hit = lookup(g, max_batch, kv_len)
-    if hit is None and search:
-        best, _ = autotune(g, max_batch, kv_len)
-        hit = {"cluster": best.cluster, "scheme": best.scheme, "gemv_unroll": best.gemv_unroll}
-    if hit is None:
-        return None
-    return hit["cluster"], hit["scheme"], CodegenOptions(gemv_unroll=hit["gemv_unroll"])
+def check_lowering(lowering, pipeline) -> None:
+    """InputError unless ``lowering`` is None, ``"auto"`` or ``"v2"`` (v1's cluster kernels
+    were removed), or for an empty ``pipeline`` string."""
+    if lowering not in (None, "auto", "v2"):
+        raise InputError(f"lowering = {lowering!r}",
+                         valid="None, 'auto' or 'v2' (design v2 lowers every graph; "
+                               "lowering v1's cluster kernels were removed)")
+    if isinstance(pipeline, str) and not pipeline.strip():
+        raise InputError("pipeline = ''", valid="a pipeline of passes, e.g. "
+                         "fusionc.passes.stream.v2_pipeline(8), or None for the default")
 
 
 def tuned_v2(g: Graph, max_batch: int, kv_len: int, search: bool, split_tokens) -> str | None:
@@ -73,9 +71,9 @@ def tuned_v2(g: Graph, max_batch: int, kv_len: int, search: bool, split_tokens) 
     from fusionc.tune.search import V2Choice
     if split_tokens is not None:
         return None
-    hit = lookup(g, max_batch, kv_len, lowering="v2")
+    hit = lookup(g, max_batch, kv_len)
     if hit is None and search:
-        best, _ = autotune(g, max_batch, kv_len, lowering="v2")
+        best, _ = autotune(g, max_batch, kv_len)
         hit = {"path": best.path, "chain": best.chain}
     if hit is None:
         return None

@@ -1,6 +1,6 @@
 """``fusionc.compile``: a graph in, a GPU callable out.
 
-Contract (docs/ARCHITECTURE.md): sizes, dtypes, cluster size and tiles are fixed at compile time; KV lengths,
+Contract (docs/ARCHITECTURE.md): sizes, dtypes, grids and tiles are fixed at compile time; KV lengths,
 positions, ``seq_lens`` and cache pointers are run-time arguments; the batch is bucketed — a
 callable compiled for ``max_batch = 8`` serves every batch of 1..8 with the same kernels, so one
 decode-step CUDA graph can be replayed without recompiling. Kernels launch on the caller's current
@@ -14,15 +14,15 @@ import math
 from fusionc.errors import InputError
 from fusionc.ir.nodes import Graph, Module, Value
 from fusionc.runtime import arrays
-from fusionc.runtime.compile_args import (check_kinds, check_options, check_split_options,
-                                          pick_graph, tuned_v1, tuned_v2, check_launches_only)
+from fusionc.runtime.compile_args import (check_kinds, check_lowering, check_options,
+                                          check_split_options, pick_graph, tuned_v2,
+                                          check_launches_only)
 from fusionc.runtime.plan import tuple_getter
-from fusionc.runtime.pipelines import (chunk_graph, default_lowering, pipeline_for, prefill,
-                                       v2_default_pipeline)
+from fusionc.runtime.pipelines import v2_default_pipeline
 
 
-def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: int = 0,
-            scheme: str = "auto", kv_len: int = 4096, pipeline: str | None = None,
+def compile(program, graph: str | None = None, *, max_batch: int = 8,
+            kv_len: int = 4096, pipeline: str | None = None,
             codegen=None, autotune: bool = False, progress=None,
             pdl: bool = False, comm=None, split_tokens: int | None = None,
             min_split_tokens: int = 4096, side_ctas: int = 32,
@@ -32,18 +32,14 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     Args:
         program: a Module (one graph, or pick it with ``graph``) or a DSL-traced module.
         max_batch: the batch bucket: the largest batch the kernels accept.
-        cluster: cluster size 1, 2, 4, 8 or 16; 0 lets the cost model choose.
-        scheme: attention QKV scheme (``splitk``, ``splitn``, ``auto``).
-        kv_len: the KV length the cost model plans for (any length runs).
+        kv_len: the KV length a tuned choice is stored for (any length runs).
         pipeline: a pipeline string overriding the default built from these options.
         codegen: :class:`fusionc.codegen.CodegenOptions` (e.g. ``gemv_unroll``), or its
             string form ``"gemv_unroll=8,..."`` (``fusionc.codegen.context.parse_codegen_options``).
-        autotune: search the choices on the GPU when none is stored (``fusionc.tune``): v1's
-            cluster size, scheme and gemv depth, or v2's path (fused 64- or 128-row tiles,
-            chained or not, or the library path). When cluster, scheme, pipeline and codegen
-            are left open, a stored choice for this graph, GPU and lowering is used (a v1
-            choice needs lowering v1 where the default is v2); otherwise the cost
-            model (v1) or the cost table (v2) decides.
+        autotune: search the choices on the GPU when none is stored (``fusionc.tune``): the
+            path (fused 64- or 128-row tiles, chained or not, the library path, the mixed
+            path). When ``pipeline`` is left open, a stored choice for this graph and GPU is
+            used; otherwise the cost table decides.
         progress: a callable(str) told about each kernel as it compiles (e.g. tqdm.write).
         pdl: programmatic dependent launch (``CodegenOptions.pdl``): each kernel may start
             while the previous kernel of the stream drains (decode steps of many layers).
@@ -60,15 +56,13 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
             O projection and only at 8192 for the MLP, whose all-reduce is already ~2% of it.
         side_ctas: CTAs of the side stream's all-reduce (beside the GEMMs; 32 measured better
             than 16).
-        lowering: ``"v1"`` (cluster kernels per block) or ``"v2"`` (design v2: streamed
-            persistent kernels over every SM; graphs of linear layers and the norm, view and
-            elementwise ops around them, fused up to the batch bucket the fused kernels take
-            unless the cost table measured the library path faster; the library path
-            otherwise: :func:`fusionc.runtime.pipelines.v2_default_pipeline`); None: v2 unless
-            a v1 option is given or the graph holds an attention v2 does not take, else v1
-            (:func:`fusionc.runtime.pipelines.default_lowering`); ``"auto"`` is None. MLA
-            blocks lower only on v2 (its MLA units): v1 raises a LoweringError naming the
-            ``mla_decode_attention``.
+        lowering: ``"v2"``, None or ``"auto"`` (the same: design v2, streamed persistent
+            kernels over every SM, fused up to the batch bucket the fused kernels take unless
+            the cost table measured the library path faster, the mixed path for attention
+            graphs past it or with ops the fused kernels do not absorb, the library path
+            otherwise: :func:`fusionc.runtime.pipelines.v2_default_pipeline`). ``"v1"``, the
+            cluster kernels of the first design, was removed (issues 22 and 24): an
+            InputError.
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
@@ -80,46 +74,21 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
     from fusionc.codegen.compile import compile_kernel
     from fusionc.ir.fp32 import check_fp32_attrs
     from fusionc.passes import run_pipeline
-    check_options(program, max_batch, kv_len, cluster)
+    check_options(program, max_batch, kv_len)
     check_split_options(split_tokens, min_split_tokens, side_ctas)
     codegen = check_kinds(codegen, progress, pipeline, pdl, autotune)
-    if lowering == "auto":   # the CLI's name for the default
-        lowering = None
-    if lowering is not None and lowering not in LOWERINGS:
-        raise InputError(f"lowering = {lowering!r}", valid="None (or 'auto'), 'v1' or 'v2'")
-    if isinstance(pipeline, str) and not pipeline.strip():
-        raise InputError("pipeline = ''", valid="a pipeline of passes, e.g. "
-                         "fusionc.passes.stream.v2_pipeline(8), or None for the default")
-    if lowering == "v2" and (cluster != 0 or scheme != "auto"):
-        raise InputError(f"cluster = {cluster}, scheme = {scheme!r} with lowering = 'v2'",
-                         valid="cluster = 0 and scheme = 'auto': options of lowering v1's "
-                               "cluster kernels")
+    check_lowering(lowering, pipeline)
     module = program if isinstance(program, Module) else Module((program,))
     name = pick_graph(module, graph)
     check_fp32_attrs(module[name])
-    if lowering is None:
-        lowering = "v1" if pipeline is not None else \
-            default_lowering(module[name], cluster, scheme, max_batch)
-    if lowering == "v1" and pipeline is None and chunk_graph(module[name]):
-        raise InputError(f"lowering = 'v1' for @{name}, a prompt chunk (chunk_attention)",
-                         valid="the default lowering (v2's library path runs it); v1 has no "
-                               "cluster kernel for chunks")
-    if lowering == "v2" and pipeline is None:
+    if pipeline is None:
         pipeline = tuned_v2(module[name], max_batch, kv_len, autotune, split_tokens) or \
             v2_default_pipeline(module[name], max_batch, split_tokens, min_split_tokens)
-    if pipeline is None and codegen is None and cluster == 0 and scheme == "auto" and \
-            not prefill(module[name], max_batch):   # tuning is for the decode kernels
-
-        choice = tuned_v1(module[name], max_batch, kv_len, autotune)
-        if choice is not None:
-            cluster, scheme, codegen = choice
     if pdl:
         import dataclasses
 
         from fusionc.codegen import CodegenOptions
         codegen = dataclasses.replace(codegen or CodegenOptions(), pdl=True)
-    pipeline = pipeline or pipeline_for(module[name], max_batch, cluster, scheme, kv_len,
-                                        split_tokens, min_split_tokens)
     lowered = run_pipeline(Module((module[name],)), pipeline)
     host = lowered[name]
     check_launches_only(host)
@@ -130,9 +99,6 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8, cluster: i
                 progress(f"compiling {g.name}")
             kernels[g.name] = compile_kernel(g, codegen)
     return CompiledGraph(lowered, host, kernels, max_batch, comm, side_ctas)
-
-
-LOWERINGS = ("v1", "v2")
 
 
 class CompiledGraph:

@@ -7,12 +7,12 @@ from fusionc.ir.nodes import Module
 
 
 def jit(fn=None, /, *, name: str | None = None, **kwargs):
-    """Decorator: ``@fusionc.jit`` or ``@fusionc.jit(max_batch=4, cluster=8)``.
+    """Decorator: ``@fusionc.jit`` or ``@fusionc.jit(max_batch=4, kv_len=1024)``.
 
     The function is traced at once (DSL errors surface at the decorator, with the DSL line);
     kernels are compiled on the first call (or by :meth:`JitGraph.compile`, which needs no GPU)
     and reused. Keyword arguments named like :func:`fusionc.compile`'s options (``max_batch``,
-    ``cluster``, ``scheme``, ``kv_len``, ``pipeline``, ``codegen``, ``autotune``) go to it
+    ``kv_len``, ``pipeline``, ``codegen``, ``autotune``, ``pdl``, ...) go to it
     unchanged (its defaults apply otherwise); the others declare parameter types as in
     ``@fusionc.graph``.
 

@@ -1,21 +1,9 @@
-"""The default pipelines of ``fusionc.compile``: the decode kernels (lowering v1), the fused
-streamed kernels or the library path (lowering v2, chosen by the batch bucket and the cost
-table), and the library path for graphs of many tokens."""
+"""The default pipelines of ``fusionc.compile`` (lowering v2): the fused streamed kernels, the
+mixed path (GEMMs around attention units, the rest as host row kernels) or the library path,
+chosen by the batch bucket, what the fused kernels take and the cost table."""
 from __future__ import annotations
 
 from fusionc.ir.nodes import Graph
-
-
-def pipeline_for(g: Graph, max_batch: int, cluster: int = 0, scheme: str = "auto",
-                 kv_len: int | None = None, split_tokens: int | None = None,
-                 min_split_tokens: int = 4096) -> str:
-    """The default pipeline for ``g``: the library path (``split-tokens`` + ``lower-library``)
-    for graphs of many tokens or without a fused block (see :func:`prefill`), else the
-    decode-kernel pipeline (:func:`fusionc.passes.pipeline.default_pipeline`)."""
-    from fusionc.passes.pipeline import default_pipeline
-    if prefill(g, max_batch):
-        return library_pipeline(g, split_tokens, min_split_tokens)
-    return default_pipeline(cluster, scheme, max_batch, kv_len)
 
 
 def library_pipeline(g: Graph, split_tokens: int | None = None,
@@ -67,14 +55,12 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
                 return mixed_pipeline(rows, host)
             if top is None or rows > top:
                 from fusionc.errors import LoweringError
-                v1 = "" if any(op.name == "mla_decode_attention" for op in g.body) else \
-                    "; or lowering='v1'"   # v1 has no MLA kernel
                 raise LoweringError(f"an attention graph of {rows} rows (past the fused "
                                     f"bucket) whose {bad.name} the host cannot run",
                                     op=bad.name, loc=bad.loc,
                                     valid="linears, attention blocks and row-wise float ops "
                                           f"on [T, D] rows (the mixed path); at most {top} "
-                                          "rows for the fused kernels" + v1)
+                                          "rows for the fused kernels")
         wide = path == "wide" and top == MAX_BATCH_MMA
         return path_pipeline(g, max_batch, "wide" if wide else "fused", None)
     if top is not None and (rows > top or path == "library") or \
@@ -97,47 +83,6 @@ def path_pipeline(g: Graph, max_batch: int, path: str, chain: bool | None) -> st
     if path == "mixed":
         return mixed_pipeline(_rows(g, max_batch))
     return v2_pipeline(max_batch, chain=chain, rows=WIDE_ROWS if path == "wide" else ROWS)
-
-
-def default_lowering(g: Graph, cluster: int = 0, scheme: str = "auto",
-                     max_batch: int = 8) -> str:
-    """``fusionc.compile``'s lowering when none is given: ``"v2"`` (streamed kernels, the
-    library path where measured faster; attention blocks as v2 linears around attention units;
-    MLA blocks on the MLA units, the only MLA lowering: v1's partition-cluster names an MLA
-    attention, :func:`fusionc.lower.stages.refuse_mla`; attentions the units do not take on
-    the mixed path's host) unless a v1 option is set (``cluster``, ``scheme``: the cluster
-    kernels' choices) or the graph holds a decode op that neither the fused kernels nor the
-    mixed path run (:func:`_v2_decode`: e.g. an integer cast beside an attention block).
-    v2 was faster than v1 at all 24 attention points measured (BENCHMARKS.md, issue 22)."""
-    if cluster != 0 or scheme != "auto":
-        return "v1"
-    if any(op.name == "mla_decode_attention" for op in g.body):
-        return "v2"   # where the units cannot take the graph, v2's passes name why
-    if chunk_graph(g):   # a prompt chunk: the library path (v2's default for it)
-        return "v2"
-    if any(op.name in _DECODE_ONLY for op in g.body) and not _v2_decode(g, max_batch):
-        return "v1"
-    return "v2"
-
-
-def _v2_decode(g: Graph, max_batch: int) -> bool:
-    """Whether lowering v2 takes graph ``g`` with its decode ops: every attention in the block
-    form at a geometry the units run at speed (:func:`fusionc.lower.attention_v2.covers`), and
-    either fused kernels for all of it (no op left that no v2 kernel absorbs, e.g. a rope
-    outside such a block or a norm after it; the rows within the fused linears' bucket, 128 on
-    tensor cores) or the mixed path (:func:`mixed`: GEMMs around the units, the ops left as
-    host row kernels): the same choice as :func:`v2_default_pipeline`'s."""
-    from fusionc.lower import mla_v2
-    from fusionc.lower.attention_v2 import covers
-    from fusionc.lower.linear_v2 import fused_rows
-    from fusionc.lower.match_v2 import unfused_ops
-    g = first_passes(g)
-    if not mla_v2.covers(g):
-        return False
-    top, rows = fused_rows(g), _rows(g, max_batch)
-    if covers(g) and top is not None and rows <= top and not unfused_ops(g):
-        return True
-    return mixed(g)
 
 
 def first_passes(g: Graph) -> Graph:
@@ -199,29 +144,7 @@ def _rows(g: Graph, max_batch: int) -> int:
                               isinstance(op.operands[0].type.shape[0], int)])
 
 
-PREFILL_TOKENS = 256
-ATTENTION_OPS = frozenset({"decode_attention", "mla_decode_attention"})   # v1's cluster blocks
-_DECODE_ONLY = ("decode_attention", "kv_cache_append", "mla_decode_attention", "rope")
-
-
-def prefill(g: Graph, max_batch: int) -> bool:
-    """Lowering v1's choice of the library (GEMM) path over its pipeline for a graph without
-    attention: many tokens, or no cluster-kernel block and linears that v2's streamed kernels
-    (the end of v1's pipeline) do not all take at this batch (past their bucket, ops left that
-    none absorbs, no linear at all)."""
-    if any(op.name in _DECODE_ONLY for op in g.body):
-        return False
-    from fusionc.lower.linear_v2 import fused_rows
-    from fusionc.lower.match_v2 import unfused_ops
-    from fusionc.lower.stages import find_stages
-    from fusionc.passes.fuse_allreduce_norm import FuseAllReduceNorm
-    if max_batch >= PREFILL_TOKENS:
-        return True
-    if find_stages(g):
-        return False
-    g = FuseAllReduceNorm().rewrite(g)
-    top = fused_rows(g)
-    return top is None or _rows(g, max_batch) > top or bool(unfused_ops(g))
+ATTENTION_OPS = frozenset({"decode_attention", "mla_decode_attention"})
 
 
 def chunk_graph(g: Graph) -> bool:

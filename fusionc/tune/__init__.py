@@ -1,7 +1,8 @@
-"""Autotuning: measure compile-time choices (cluster size, scheme, gemv loads in flight) on the
-GPU and store the fastest per (graph, GPU, fusionc version); ``fusionc.compile`` reuses stored
-choices without searching again and falls back to the cost model when nothing is stored."""
-from fusionc.tune.search import Choice, autotune
+"""Autotuning: measure lowering v2's paths (fused 64- or 128-row tiles, chained or not, the
+library path, the mixed path) on the GPU and store the fastest per (graph, GPU, fusionc
+version); ``fusionc.compile`` reuses stored choices without searching again and falls back to
+the cost table when nothing is stored."""
+from fusionc.tune.search import V2Choice, autotune
 from fusionc.tune.store import lookup, record
 
-__all__ = ["Choice", "autotune", "lookup", "record"]
+__all__ = ["V2Choice", "autotune", "lookup", "record"]

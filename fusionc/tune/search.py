@@ -1,8 +1,7 @@
 """The autotuning search: every candidate choice is compiled (through the cubin cache) and timed
-on the GPU by CUDA-graph replay over buffer sets larger than 3x L2; the fastest is stored.
-Lowering v1 varies the cluster kernels' choices (:class:`Choice`), lowering v2 the path
-(:class:`V2Choice`: fused 64-row tiles one kernel per linear or chained, fused 128-row tiles,
-the library path)."""
+on the GPU by CUDA-graph replay over buffer sets larger than 3x L2; the fastest is stored. It
+varies lowering v2's path (:class:`V2Choice`: fused 64-row tiles one kernel per linear or
+chained, fused 128-row tiles, the library path, the mixed path)."""
 from __future__ import annotations
 
 import math
@@ -12,25 +11,6 @@ from dataclasses import asdict, dataclass
 from fusionc.ir.nodes import Graph
 
 L2_BYTES = 60 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Choice:
-    """Compile-time choices the search varies."""
-
-    cluster: int
-    scheme: str
-    gemv_unroll: int
-
-    def compile_kwargs(self) -> dict:
-        """Keyword arguments of fusionc.compile that realize this choice."""
-        from fusionc.codegen import CodegenOptions
-        return dict(cluster=self.cluster, scheme=self.scheme,
-                    codegen=CodegenOptions(gemv_unroll=self.gemv_unroll))
-
-
-    def describe(self) -> str:
-        return f"C={self.cluster} {self.scheme} unroll {self.gemv_unroll}"
 
 
 V2_PATHS = ("fused", "wide", "library", "mixed")   # mixed: GEMMs around attention units
@@ -53,19 +33,11 @@ class V2Choice:
         return self.path + (" chained" if self.chain and self.path != "library" else "")
 
 
-def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1") -> list:
-    """Lowering v1: cluster sizes x QKV schemes x gemv loads in flight (one candidate for a
-    graph without an attention block: v1 lowers it on v2's streamed kernels). Lowering v2:
-    the paths that can realize ``g`` at ``max_batch`` rows (fused up to its bucket, 128-row
-    tiles where every linear is on tensor cores, the library path unless the graph attends:
-    the library has no attention; an attending graph has the mixed path instead, GEMMs around
+def candidates(g: Graph | None = None, max_batch: int = 1) -> list:
+    """The paths that can realize ``g`` at ``max_batch`` rows: fused up to its bucket, 128-row
+    tiles where every linear is on tensor cores, the library path unless the graph attends (the
+    library has no attention; an attending graph has the mixed path instead, GEMMs around
     attention units)."""
-    if lowering == "v1":
-        from fusionc.runtime.pipelines import ATTENTION_OPS
-        if g is not None and not any(op.name in ATTENTION_OPS for op in g.body):
-            return [Choice(1, "splitk", 16)]   # no cluster kernel: the choices change nothing
-        return [Choice(c, s, u) for c in (1, 2, 4, 8, 16) for s in ("splitk", "splitn")
-                for u in (8, 16)]
     from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
     top = fused_rows(g) if g is not None else None
     out = []
@@ -80,10 +52,8 @@ def candidates(g: Graph | None = None, max_batch: int = 1, lowering: str = "v1")
     return out + [V2Choice("library", False)]
 
 
-def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = True,
-                       lowering: str = "v1"):
-    """(choice, compiled) for every candidate of ``lowering`` that lowers and fits (no GPU
-    needed).
+def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = True):
+    """(choice, compiled) for every candidate that lowers and fits (no GPU needed).
 
     Raises:
         LoweringError: no candidate compiles (naming the first candidate's error).
@@ -92,9 +62,9 @@ def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = T
     from fusionc.errors import FusionError, LoweringError
     from tqdm import tqdm
     out, errors = [], []
-    cands = candidates(g, max_batch, lowering)
+    cands = candidates(g, max_batch)
     for ch in tqdm(cands, desc=f"compiling @{g.name}", disable=not progress):
-        kw = ch.compile_kwargs(g, max_batch) if lowering == "v2" else ch.compile_kwargs()
+        kw = ch.compile_kwargs(g, max_batch)
         try:
             out.append((ch, fusionc.compile(g, max_batch=max_batch, kv_len=kv_len, **kw)))
         except FusionError as e:
@@ -110,9 +80,8 @@ def compile_candidates(g: Graph, max_batch: int, kv_len: int, progress: bool = T
 
 
 def autotune(g: Graph, max_batch: int, kv_len: int, *, reps: int = 20,
-             progress: bool = True, store: bool = True, lowering: str = "v1"):
-    """Measure every candidate of ``lowering`` on the current GPU; store and return the
-    fastest.
+             progress: bool = True, store: bool = True):
+    """Measure every candidate on the current GPU; store and return the fastest.
 
     Returns ``(best choice, [(choice, µs), ...])``. Raises DeviceError without a GPU.
     """
@@ -120,7 +89,7 @@ def autotune(g: Graph, max_batch: int, kv_len: int, *, reps: int = 20,
     from fusionc.tune import store as st
     from tqdm import tqdm
     require_gpu()
-    compiled = compile_candidates(g, max_batch, kv_len, progress, lowering)
+    compiled = compile_candidates(g, max_batch, kv_len, progress)
     sets = _buffer_sets(g, max_batch, kv_len)
     results = []
     outs = [_outputs(g, s) for s in sets]
@@ -129,7 +98,7 @@ def autotune(g: Graph, max_batch: int, kv_len: int, *, reps: int = 20,
     best, us = min(results, key=lambda r: r[1])
     if store:
         st.record(g, max_batch, kv_len, {**asdict(best), "us": round(us, 2),
-                                         "candidates": len(results)}, lowering=lowering)
+                                         "candidates": len(results)})
     return best, results
 
 

@@ -19,10 +19,10 @@ def test_two_layers_and_the_issue_sweep_sharded_in_order():
 
 def test_both_layers_lower_on_the_mla_units():
     from fusionc.lower import mla_v2
-    from fusionc.runtime.pipelines import default_lowering, first_passes
+    from fusionc.runtime.pipelines import first_passes, v2_default_pipeline
     for m in mla.LAYERS.values():
         g = mla.build(m, 1024)["attention"]
-        assert default_lowering(g, max_batch=1) == "v2" and mla_v2.covers(first_passes(g))
+        assert mla_v2.covers(first_passes(g)) and "partition-units" in v2_default_pipeline(g, 1)
 
 
 def test_the_floor_is_bytes_at_one_row_and_flops_with_128_heads_at_many():

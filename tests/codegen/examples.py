@@ -12,8 +12,8 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
 @functools.lru_cache(maxsize=None)
 def fused_module(example: str):
-    """The module of ``examples/<example>.py`` after the default pipeline (lowering v1's), or
-    for an MLA example lowering v2's default (MLA's only lowering: v1 has no MLA kernel)."""
+    """The module of ``examples/<example>.py`` after the v2 pipeline at a batch bucket of 8
+    (an MLA example: its default pipeline, the MLA units)."""
     from fusionc.dsl.loader import load_file
     from fusionc.passes import DEFAULT_PIPELINE, parse_pipeline, run_pipeline
     from fusionc.runtime.pipelines import v2_default_pipeline

@@ -47,17 +47,6 @@ def test_sharded_layer_equals_single_gpu_layer(tp, kv_heads, batch):
             assert np.array_equal(vr, vc[:, :, r * hkv:(r + 1) * hkv], equal_nan=True)
 
 
-def test_pipeline_puts_the_collectives_between_the_two_kernels():
-    layer = tp_layer_block(tp=2, max_seq=16, eps=1e-5, theta=10000.0, dtype="f16", **SIZES)
-    from fusionc.passes.pipeline import default_pipeline
-    out = run_pipeline(layer, default_pipeline(2, "auto", 4, 16))   # lowering v1
-    filecheck(print_module(fc.ir.Module((out["layer"],))),
-              "CHECK: launch(%x,\nCHECK-SAME: {kernel = @layer_k0}\n"
-              "CHECK-NEXT: all_reduce_add_rms_norm(%o_partial, %x, %mlp_norm) {group = 2\n"
-              "CHECK-NEXT: launch(%y,\nCHECK-NEXT: launch(%act,\n"
-              "CHECK-NEXT: all_reduce_add(%down_partial,")
-
-
 V2_SIZES = dict(hidden=256, heads=8, kv_heads=4, head_dim=64, intermediate=512)
 
 
@@ -67,11 +56,10 @@ def test_on_v2_the_collectives_sit_between_the_streamed_kernels(tp, kv_heads, ba
     then all_reduce_add_rms_norm, gate/up (no prologue: the collective normed), down, then
     all_reduce_add; over simulated ranks the kernels compute what the interpreter does."""
     from fusionc.interp.numerics import defined_relative_error
-    from fusionc.runtime.pipelines import default_lowering, v2_default_pipeline
+    from fusionc.runtime.pipelines import v2_default_pipeline
     sizes = dict(V2_SIZES, kv_heads=kv_heads)
     layer = tp_layer_block(tp=tp, max_seq=16, eps=1e-5, theta=10000.0, dtype="f16", **sizes)
     g = layer.graphs[0]
-    assert default_lowering(g, max_batch=batch) == "v2"
     low = run_pipeline(layer, v2_default_pipeline(g, batch))
     names = [op.name for op in low["layer"].body]
     assert names == ["launch"] * 3 + ["all_reduce_add_rms_norm"] + ["launch"] * 2 + \
@@ -117,7 +105,8 @@ def test_zero_tokens_and_several_ranks_in_the_simulator():
     layer = tp_layer_block(tp=2, max_seq=16, eps=1e-5, theta=10000.0, dtype="f16", **SIZES)
     g = layer.graphs[0]
     ins = random_inputs(g, 1, np.random.default_rng(0))
-    lowered = run_pipeline(layer, "fuse-allreduce-norm,partition-cluster{size=2},fuse")
+    from fusionc.runtime.pipelines import v2_default_pipeline
+    lowered = run_pipeline(layer, v2_default_pipeline(g, 1))
     with pytest.raises(InputError, match="no graph named"):
         fc.simulate(lowered, [ins, ins], graph="nope")
     with pytest.raises(InputError, match="non-empty list"):

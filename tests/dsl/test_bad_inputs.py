@@ -75,7 +75,7 @@ def test_dump_request_without_after(monkeypatch, dump, fragment):
     m = example("llama2_7b", hidden=256, heads=2, intermediate=512)
     monkeypatch.setenv("FUSIONC_DUMP", dump)
     with pytest.raises(PassError, match=fragment) as info:
-        run_pipeline(fc.module(m["mlp"]), "partition-cluster{size=2},fuse")
+        run_pipeline(fc.module(m["mlp"]), "fold-views,partition-units{max_batch=2}")
     assert "after:all or after:NAME" in str(info.value)
 
 
@@ -83,6 +83,6 @@ def test_dump_after_a_pass(monkeypatch, capsys):
     from fusionc.passes import run_pipeline
     from tests.passes.graphs import example
     m = example("llama2_7b", hidden=256, heads=2, intermediate=512)
-    monkeypatch.setenv("FUSIONC_DUMP", "after:fuse")
-    run_pipeline(fc.module(m["mlp"]), "partition-cluster{size=2},fuse")
-    assert "// ----- IR after fuse" in capsys.readouterr().err
+    monkeypatch.setenv("FUSIONC_DUMP", "after:partition-units")
+    run_pipeline(fc.module(m["mlp"]), "fold-views,partition-units{max_batch=2}")
+    assert "// ----- IR after partition-units" in capsys.readouterr().err

@@ -97,8 +97,8 @@ def _lowered_fir(capsys, tmp_path):
     from fusionc.passes import run_pipeline
     from tests.passes.graphs import example
     m = example("llama2_7b", hidden=256, heads=2, intermediate=512, max_seq=64)
-    from fusionc.passes.pipeline import default_pipeline
-    parts = [run_pipeline(Module((g,)), default_pipeline(2)) for g in m.graphs]
+    from fusionc.runtime.pipelines import v2_default_pipeline
+    parts = [run_pipeline(Module((g,)), v2_default_pipeline(g, 2)) for g in m.graphs]
     path = tmp_path / "lowered.fir"
     path.write_text(print_module(Module(tuple(g for p in parts for g in p.graphs))))
     return path
@@ -112,8 +112,7 @@ def test_lowered_fir_with_two_graphs(capsys, tmp_path, tmp_cache):
     code, out, _ = run_cli(capsys, "compile", path, "--graph", "mlp", "-o", tmp_path / "one")
     only = [line.split(":")[0] for line in out.splitlines() if "threads" in line]
     assert code == 0 and only and all("mlp" in k for k in only), out
-    for flags in (["--cluster", "4"], ["--max-batch", "8"], ["--passes", "fuse"],
-                  ["--scheme", "splitk"]):
+    for flags in (["--max-batch", "8"], ["--passes", "fold-views"], ["--lowering", "v2"]):
         code, _, err = run_cli(capsys, "compile", path, *flags, "-o", tmp_path / "x")
         assert code == 1 and f"{flags[0]} given for" in err and "already lowered" in err, err
 
@@ -125,10 +124,7 @@ def test_tune_compile_only_on_ir_text(capsys, tmp_path, tmp_cache):
     code, out, _ = run_cli(capsys, "ir", LLAMA2, *SMALL, "--graph", "mlp")
     graph_ir.write_text(out)
     code, out, err = run_cli(capsys, "tune", graph_ir, "--compile-only")   # v2: the MLP
-    assert code == 0 and "@mlp: 4 candidates of lowering v2 compiled" in out, err
-    # v1 has no cluster kernel for an MLP: one candidate (its kernels are v2's)
-    code, out, err = run_cli(capsys, "tune", graph_ir, "--compile-only", "--lowering", "v1")
-    assert code == 0 and "@mlp: 1 candidate of lowering v1 compiled" in out, err
+    assert code == 0 and "@mlp: 4 candidates compiled" in out, err
     code, _, err = run_cli(capsys, "tune", _lowered_fir(capsys, tmp_path), "--compile-only")
     assert code == 1 and "already lowered" in err, err
     other = tmp_path / "notes.txt"
@@ -165,7 +161,7 @@ def test_positions_parameter_of_any_name(capsys, tmp_path, tmp_cache):
                                          ("--batch", "0")])
 def test_cost_table_sizes_must_be_positive(capsys, flag, value):
     with pytest.raises(SystemExit) as info:
-        fusionc.cli.main(["ir", LLAMA2, *SMALL, "--after", "partition-cluster", flag, value])
+        fusionc.cli.main(["ir", LLAMA2, *SMALL, "--after", "partition-units", flag, value])
     err = capsys.readouterr().err
     assert info.value.code == 2 and f"argument {flag}" in err and "is not positive" in err, err
 
@@ -224,9 +220,8 @@ def test_ir_default_lowering_is_compiles(capsys):
                              "--graph", "swiglu")
     assert code == 0 and "kernel @swiglu_k" in out, err
     code, _, err = run_cli(capsys, "ir", *GRAPHS_V2, "--after", "partition-cluster",
-                           "--graph", "swiglu")
+                           "--graph", "swiglu")   # a pass of the removed lowering v1
     assert code == 1 and "no such pass" in err and "partition-units" in err, err
-    assert "it is a pass of lowering v1: add --lowering v1" in err, err
 
 
 def test_ir_after_a_pass_on_a_lowered_module_names_it(capsys, tmp_path):
@@ -241,19 +236,28 @@ def test_ir_after_a_pass_on_a_lowered_module_names_it(capsys, tmp_path):
     assert code == 1 and "already lowered" in err and err.count("\n") == 1, err
 
 
-def test_compile_with_passes_does_not_run_the_v1_matcher(capsys, tmp_path, tmp_cache):
-    """--passes replaces the default pipeline, so v1's block matcher (which refuses an MLP
-    without its residual) is not consulted."""
+def test_compile_with_passes_runs_only_those(capsys, tmp_path, tmp_cache):
+    """--passes replaces the default pipeline (no default is computed)."""
     code, out, err = run_cli(capsys, "compile", *GRAPHS_V2, "--graph", "swiglu", "-o", tmp_path,
                              "--passes", "partition-units{max_batch=4},stream-plan,"
                              "insert-barriers,smem-plan")
     assert code == 0, err
 
 
-def test_v1_options_with_lowering_v2_are_refused(capsys, tmp_path):
-    code, _, err = run_cli(capsys, "compile", *GRAPHS_V2, "--lowering", "v2", "--cluster", 4,
-                           "-o", tmp_path)
-    assert code == 1 and "with --lowering v2" in err, err
+@pytest.mark.parametrize("command, flags", [
+    ("compile", ["--lowering", "v1"]), ("compile", ["--cluster", "4"]),
+    ("compile", ["--scheme", "splitk"]), ("run", ["--lowering", "v1"]),
+    ("run", ["--cluster", "2"]), ("ir", ["--lowering", "v1", "--after", "partition-units"]),
+    ("tune", ["--lowering", "v1"])])
+def test_the_removed_lowering_v1_and_its_options_are_usage_errors(capsys, tmp_path, command,
+                                                                  flags):
+    """Lowering v1 (cluster kernels) was removed: its flags are argparse usage errors naming
+    the flag, before anything is compiled."""
+    out = ["-o", str(tmp_path)] if command == "compile" else []
+    with pytest.raises(SystemExit) as info:
+        fusionc.cli.main([command, GRAPHS_V2[0], *flags, *out])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and flags[0] in err, err
 
 
 def test_ir_after_a_fused_pass_names_the_ops_no_kernel_takes(capsys, tmp_path):
@@ -271,21 +275,6 @@ def test_ir_after_a_fused_pass_names_the_ops_no_kernel_takes(capsys, tmp_path):
 DEEPSEEK = str(EXAMPLES / "deepseek_v2_lite.py")
 MLA_SMALL = ["-D", "hidden=64", "-D", "heads=4", "-D", "qk_nope=16", "-D", "qk_rope=16",
              "-D", "v_head=16", "-D", "kv_lora=64", "-D", "max_seq=64"]
-
-
-@pytest.mark.parametrize("command, flags", [
-    ("compile", ["--lowering", "v1"]), ("compile", ["--cluster", 4]),
-    ("compile", ["--scheme", "splitk"]), ("run", ["--lowering", "v1"]),
-    ("run", ["--cluster", 2]), ("ir", ["--lowering", "v1", "--after", "partition-cluster"])])
-def test_mla_on_lowering_v1_is_named(capsys, tmp_path, command, flags):
-    """v1 has no MLA kernel (issue 27): one line naming the op at its DSL line, saying to use
-    lowering v2, before any GPU is needed."""
-    out = ["-o", tmp_path] if command == "compile" else []
-    code, _, err = run_cli(capsys, command, DEEPSEEK, *MLA_SMALL, *flags, *out)
-    assert code == 1 and err.count("\n") == 1, err
-    assert "deepseek_v2_lite.py:" in err and \
-        "lowering error: 'mla_decode_attention': lowering v1 has no MLA kernel" in err, err
-    assert "--lowering auto or v2" in err, err
 
 
 def test_mla_compiles_on_lowering_v2_by_default(capsys, tmp_path, tmp_cache):
@@ -325,12 +314,6 @@ def test_a_size_without_a_default_asks_for_it(capsys, tmp_path):
     assert code == 1 and "needs size hidden" in err and "-D hidden=VALUE" in err, err
     code, out, _ = run_cli(capsys, "ir", src, "-D", "hidden=256")
     assert code == 0 and "graph @mlp" in out
-
-
-def test_v1_options_with_lowering_v2_name_only_those_given(capsys, tmp_path):
-    code, _, err = run_cli(capsys, "compile", *GRAPHS_V2, "--lowering", "v2", "--scheme",
-                           "splitk", "-o", tmp_path)
-    assert code == 1 and "--scheme splitk with --lowering v2" in err and "--cluster" not in err
 
 
 def test_ir_cost_table_batch_past_the_bucket_is_named(capsys):

@@ -14,7 +14,7 @@ from fusionc.codegen import CodegenOptions, compile_kernel
 from fusionc.ir import parse_module
 from tests.gpu import (common, test_attention_gpu, test_attention_v2_edges_gpu,
                        test_attention_v2_gpu, test_collectives_gpu,
-                       test_examples_gpu, test_gemv_gpu, test_graph_ops_gpu, test_graphs_v2_gpu,
+                       test_gemv_gpu, test_graph_ops_gpu, test_graphs_v2_gpu,
                        test_grid_gpu,
                        test_linear_v2_gpu,
                        test_mla_v2_gpu,
@@ -46,7 +46,7 @@ def main() -> int:
     compile_cached(row_kernels.source(), name="row_kernels.cu")   # the library path's kernels
     print(f"end-to-end cases and model decoders compiled in {time.time() - t0:.1f} s")
     for mod in (test_collectives_gpu, test_gemv_gpu, test_attention_gpu, test_grid_gpu,
-                test_graph_ops_gpu, test_examples_gpu, test_zz_negative_control_gpu):
+                test_graph_ops_gpu, test_zz_negative_control_gpu):
         mod.precompile()
     items = []  # unique (text or kernel, verify, options), in order
     for t, v, o in common.PRECOMPILE:

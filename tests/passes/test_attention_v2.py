@@ -14,7 +14,6 @@ from fusionc.ir.ops.tile_attn_units import TILE, slots, split_plan
 from fusionc.models.blocks import attention_block
 from fusionc.passes import run_pipeline
 from fusionc.passes.stream import v2_pipeline
-from fusionc.runtime.pipelines import default_lowering
 from fusionc.sim import simulate
 from tests.passes.graphs import example, inputs, rel_err
 
@@ -136,48 +135,46 @@ def test_gptj_partial_rotary_and_llama31_scaling_in_the_simulator():
         assert rel_err(a, r) <= 2e-3
 
 
-def test_default_lowering_takes_v2_for_the_blocks_it_covers():
-    g = block().graphs[0]
-    assert default_lowering(g) == "v2"
-    assert default_lowering(block(qk_norm=True).graphs[0]) == "v2"
-    assert default_lowering(g, max_batch=256) == "v2"      # past the bucket: the mixed path
-    assert default_lowering(g, cluster=4) == "v1"
-    assert default_lowering(block("f32").graphs[0]) == "v2"   # FMA units (GPU-tested)
-    assert default_lowering(block(heads=34, kv_heads=2, hidden=64).graphs[0]) == "v2"  # G 17
-    assert default_lowering(block(head_dim=160, heads=4, kv_heads=2).graphs[0]) == "v2"
-    assert default_lowering(block("f32", head_dim=96).graphs[0]) == "v2"
-    assert default_lowering(block(head_dim=272, heads=4, kv_heads=2).graphs[0]) == "v2"  # host
-    assert default_lowering(block("f32", heads=34, kv_heads=2, hidden=64).graphs[0]) == "v2"   # f32 query blocks
-    mla = example("deepseek_v2_lite")   # MLA's only lowering: v1 has no MLA kernel
-    assert all(default_lowering(x) == "v2" for x in mla.graphs
-               if any(op.name == "mla_decode_attention" for op in x.body))
+def test_the_default_pipeline_takes_the_units_where_they_run_and_the_host_elsewhere():
+    from fusionc.runtime.pipelines import v2_default_pipeline
+    units = [block(), block(qk_norm=True), block("f32"), block(heads=34, kv_heads=2, hidden=64),
+             block(head_dim=160, heads=4, kv_heads=2), block("f32", head_dim=96),
+             block("f32", heads=34, kv_heads=2, hidden=64), block(head_dim=256, heads=2,
+                                                                   kv_heads=1),
+             block("f32", head_dim=176, heads=32, kv_heads=2, hidden=64)]
+    for m in units:   # the fused kernels, the attention core on the units
+        assert "partition-units" in v2_default_pipeline(m.graphs[0], 4)
+    assert v2_default_pipeline(block().graphs[0], 256) == \
+        "fold-views,fuse-allreduce-norm,attention-units{max_batch=256},lower-library"
+    host = [block(head_dim=272, heads=4, kv_heads=2), block(head_dim=512, heads=2, kv_heads=1),
+            block("f32", head_dim=208), block("f32", head_dim=192, heads=32, kv_heads=2,
+                                              hidden=64)]
+    for m in host:   # the mixed path, the attention on the host
+        assert "attention-units{max_batch=4,host=true}" in v2_default_pipeline(m.graphs[0], 4)
+    mla = example("deepseek_v2_lite")   # the MLA units
+    for x in mla.graphs:
+        if any(op.name == "mla_decode_attention" for op in x.body):
+            assert "partition-units" in v2_default_pipeline(x, 4)
 
 
 def test_attention_only_graph_without_o_projection_runs_its_attention_on_the_host():
     from tests.gpu.compiled_cases import attention_only
     from fusionc.runtime.pipelines import v2_default_pipeline
     m = attention_only(hidden=128, heads=4, kv_heads=2, head_dim=32, max_seq=64)
-    assert default_lowering(m.graphs[0]) == "v2"
     assert "host=true" in v2_default_pipeline(m.graphs[0], 8)
 
 
 def test_units_refuse_f32_past_head_dim_192_by_name():
     """f32 runs by FMA on four warps up to head_dim 192 (its default is v2 there)."""
     import fusionc as fc
-    from fusionc.runtime.pipelines import default_lowering
     for d in (208, 256):   # ptxas spills the fp32 accumulators there
         with pytest.raises(CompileError, match=f"f32 at head_dim {d}") as e:
             fc.compile(block("f32", head_dim=d, heads=4, kv_heads=2), max_batch=2,
                        pipeline=v2_pipeline(2))   # the fused path (v2's default: the host)
         assert e.value.op == "attn_units"
-    assert default_lowering(block("f32", head_dim=192).graphs[0], max_batch=2) == "v2"
-    assert default_lowering(block("f32", head_dim=208).graphs[0], max_batch=2) == "v2"  # host
     # 16-head blocks at head_dim 192: two stages of the four warps' rings do not fit
     wide = block("f32", head_dim=192, heads=32, kv_heads=2, hidden=64)
-    assert default_lowering(wide.graphs[0], max_batch=4) == "v2"
     fc.compile(wide, max_batch=4)   # the host's library attention takes it
-    assert default_lowering(block("f32", head_dim=176, heads=32, kv_heads=2,
-                                  hidden=64).graphs[0], max_batch=4) == "v2"
 
 
 @pytest.mark.parametrize("dtype,kw", [("f16", dict(head_dim=128, heads=32, kv_heads=8)),
@@ -236,7 +233,7 @@ def test_swapped_caches_are_not_taken_as_an_attention_core():
     m = parse_module(_swap(print_module(block())))
     g = m.graphs[0]
     assert "decode_attention(%q_rot, %v_cache.1, %k_cache.1" in print_module(m)
-    assert attention_cores(g) == [] and default_lowering(g) == "v2"   # on the host
+    assert attention_cores(g) == []   # v2's default: the attention on the host
     from fusionc.errors import LoweringError
     with pytest.raises(LoweringError, match="outside the block form") as e:
         run_pipeline(m, v2_pipeline(4))
@@ -267,19 +264,18 @@ def test_a_static_batch_above_the_bucket_sizes_the_units_kernel():
         assert rel_err(a, r) <= 2e-3
 
 
-def test_default_lowering_keeps_v1_for_graphs_v2_would_not_lower():
+def test_a_chunk_takes_the_library_path_and_a_norm_after_the_block_the_mixed_path():
     import fusionc as fc
     from fusionc.models.prefill import chunk_attention_block
+    from fusionc.runtime.pipelines import v2_default_pipeline
     sizes = dict(hidden=128, heads=4, kv_heads=2, head_dim=32, max_seq=96)
     chunk = chunk_attention_block(eps=1e-5, theta=1e4, dtype="f16", **sizes)
-    assert default_lowering(chunk.graphs[0]) == "v2"     # a prompt chunk: the library path
-    assert default_lowering(block(head_dim=512, heads=2, kv_heads=1).graphs[0]) == "v2"
-    assert default_lowering(block(head_dim=192, heads=2, kv_heads=1).graphs[0]) == "v2"
-    assert default_lowering(block(head_dim=256, heads=2, kv_heads=1).graphs[0]) == "v2"
-
+    assert v2_default_pipeline(chunk.graphs[0], 8).endswith("lower-library")
+    assert "attention-units" not in v2_default_pipeline(chunk.graphs[0], 8)
     normed = tiny(lambda y, kc, vc, k_cache, w_n, pos: (fc.rms_norm(y, w_n, 1e-5), kc, vc))
-    assert default_lowering(normed.graphs[0]) == "v2"    # a norm after the block: mixed path
-    assert default_lowering(normed.graphs[0], max_batch=64) == "v2"
+    for rows in (8, 64):
+        assert "attention-units{max_batch=%d}" % rows in v2_default_pipeline(normed.graphs[0],
+                                                                            rows)
 
 
 def _roped():
@@ -299,7 +295,6 @@ def test_ops_after_the_block_take_the_mixed_path_at_any_batch(tail, rows):
     m = _roped() if tail == "rope" else \
         tiny(lambda y, kc, vc, k_cache, w_n, pos: (fc.rms_norm(y, w_n, 1e-5), kc, vc))
     g = m.graphs[0]
-    assert default_lowering(g, max_batch=rows) == "v2"
     pipe = v2_default_pipeline(g, rows)
     assert "attention-units" in pipe and pipe.endswith("lower-library")
     rng = np.random.default_rng(rows)
@@ -339,10 +334,8 @@ def _with_old_cache_read():
 
 def test_a_cache_read_beside_its_in_place_append_is_refused_by_name():
     from fusionc.errors import LoweringError
-    from fusionc.passes import DEFAULT_PIPELINE
     from fusionc.runtime.pipelines import v2_default_pipeline
     m = _with_old_cache_read()
-    assert default_lowering(m.graphs[0], max_batch=200) == "v2"
     with pytest.raises(LoweringError, match="outside the block form") as e:
         run_pipeline(m, "fold-views,attention-units{max_batch=200},lower-library")
     assert e.value.op == "decode_attention"
@@ -350,9 +343,6 @@ def test_a_cache_read_beside_its_in_place_append_is_refused_by_name():
         with pytest.raises(LoweringError, match="read beside its kv_cache_append") as e:
             run_pipeline(m, v2_default_pipeline(m.graphs[0], rows))
         assert e.value.op == "kv_cache_append" and e.value.loc is not None
-    with pytest.raises(LoweringError, match="read beside its kv_cache_append") as e:
-        run_pipeline(m, DEFAULT_PIPELINE)
-    assert e.value.op == "kv_cache_append"
 
 
 def test_mixed_path_choices_follow_what_the_host_can_run():
@@ -360,8 +350,8 @@ def test_mixed_path_choices_follow_what_the_host_can_run():
     from fusionc.runtime.pipelines import v2_default_pipeline
     from fusionc.tune.search import candidates
     g = block().graphs[0]
-    assert [c.path for c in candidates(g, 200, "v2")] == ["mixed"]
-    assert [c.path for c in candidates(_roped().graphs[0], 200, "v2")] == ["mixed"]
+    assert [c.path for c in candidates(g, 200)] == ["mixed"]
+    assert [c.path for c in candidates(_roped().graphs[0], 200)] == ["mixed"]
     import fusionc as fc
     ints = tiny(lambda y, kc, vc, k_cache, w_n, pos: (y, kc, vc, fc.cast(pos, "f32")))
     with pytest.raises(LoweringError, match="whose cast the host cannot run") as e:

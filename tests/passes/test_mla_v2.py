@@ -19,7 +19,7 @@ from fusionc.ir import print_module
 from fusionc.ir.ops.tile_mla_units import block_heads, head_blocks
 from fusionc.passes import run_pipeline
 from fusionc.passes.stream import v2_pipeline
-from fusionc.runtime.pipelines import default_lowering, mixed_pipeline, v2_default_pipeline
+from fusionc.runtime.pipelines import mixed_pipeline, v2_default_pipeline
 from fusionc.sim import simulate
 from tests.passes.graphs import inputs, rel_err
 
@@ -143,33 +143,22 @@ def test_past_the_bucket_the_mixed_path_runs_gemms_around_the_units():
         assert rel_err(a, r) <= TOL["bf16"]
 
 
-def test_mla_takes_v2_by_default():
-    """v2 is MLA's only lowering: the default at every size (v1's five-phase kernel, once the
-    default up to 16 heads and 16 rows, is deleted); only v1's options pick v1, which names the
-    MLA attention (below)."""
+def test_mla_takes_the_fused_kernels_by_default():
+    """The MLA units with v2 linears around them at 8 rows (wide tiles where measured
+    faster)."""
     g = block().graphs[0]
-    assert default_lowering(g) == "v2"            # 3 heads, 8 rows
-    assert default_lowering(g, max_batch=64) == "v2"
-    assert default_lowering(block(heads=128).graphs[0]) == "v2"
-    assert default_lowering(block("f32", heads=128).graphs[0]) == "v2"   # fp32 by FMA
-    assert default_lowering(g, cluster=4) == "v1" and default_lowering(g, scheme="splitk") == "v1"
-    pipe = v2_default_pipeline(g, 8)   # the fused kernels (wide tiles where measured faster)
+    pipe = v2_default_pipeline(g, 8)
     assert "partition-units" in pipe and "lower-library" not in pipe
 
 
-@pytest.mark.parametrize("options", [dict(lowering="v1"), dict(cluster=4),
-                                     dict(scheme="splitk"), dict(lowering="v1", max_batch=64)])
-def test_lowering_v1_on_mla_is_a_named_error(options):
-    """v1 has no MLA kernel: fusionc.compile with lowering v1 (or its options) names the
-    mla_decode_attention at its DSL line and says to use lowering v2."""
-    with pytest.raises(LoweringError) as e:
+@pytest.mark.parametrize("options", [dict(lowering="v1"), dict(lowering="v1", max_batch=64)])
+def test_lowering_v1_is_a_named_error(options):
+    """Lowering v1 (cluster kernels, none for MLA) was removed: asking for it is an InputError
+    naming what is valid."""
+    from fusionc.errors import InputError
+    with pytest.raises(InputError) as e:
         fc.compile(block(), **{"max_batch": 2, **options})
-    assert e.value.op == "mla_decode_attention" and e.value.loc is not None
-    assert e.value.loc.file.endswith("deepseek_v2_lite.py")
-    assert e.value.message == "lowering v1 has no MLA kernel"
-    assert "lowering v2" in e.value.valid and "lowering='v1'" in e.value.valid
-    with pytest.raises(LoweringError, match="lowering v1 has no MLA kernel"):
-        run_pipeline(block(), "partition-cluster{size=2}")
+    assert "lowering = 'v1'" in e.value.message and "'v2'" in e.value.valid
 
 
 def test_v2_refuses_odd_latent_sizes_and_other_dtypes_by_name():

@@ -113,23 +113,6 @@ def test_the_embedding_takes_the_library_path():
     assert [op.name for op in cg.host.body] == ["embedding"] and not cg.kernels
 
 
-def test_lowering_v1_names_an_out_dtype_inside_a_block():
-    """An attention block whose output projection makes fp32: the cluster kernel keeps one
-    dtype through the block."""
-    T = fc.f16
-
-    @fc.graph
-    def att(x: T["B", 64], w_qkv: T[192, 64], w_o: T[64, 64], k_cache: T["B", 16, 2, 32],
-            v_cache: T["B", 16, 2, 32], positions: fc.i32["B"], seq_lens: fc.i32["B"]):
-        q, k, v = (fc.split_heads(t, 2) for t in fc.split(fc.linear(x, w_qkv), [64] * 3))
-        kc, vc = fc.kv_cache_append(k_cache, v_cache, k, v, positions)
-        o = fc.decode_attention(q, kc, vc, seq_lens, 32 ** -0.5)
-        return fc.linear(fc.merge_heads(o), w_o, out_dtype=fc.f32), kc, vc
-
-    with pytest.raises(LoweringError, match="out_dtype f32.*valid.*lowering v2"):
-        fc.compile(att, max_batch=1, lowering="v1")
-
-
 def test_bad_inputs_of_the_step_ends_are_named():
     """Ids past i32 are not wrapped by the interpreter; step_ends takes a config; the library
     GEMM takes out_dtype = x's or f32 only (cuBLAS)."""
@@ -144,12 +127,3 @@ def test_bad_inputs_of_the_step_ends_are_named():
                       x=fc.f16["B", 64], w=fc.f16[32, 64])
     with pytest.raises(CompileError, match="out_dtype that of x or f32"):
         fc.compile(narrow, max_batch=200)
-
-
-def test_a_prompt_chunk_on_lowering_v1_is_named():
-    from fusionc.errors import InputError
-    from fusionc.models.prefill import chunk_attention_block
-    m = chunk_attention_block(hidden=128, heads=2, kv_heads=2, head_dim=64, max_seq=16,
-                              eps=1e-5, theta=1e4, dtype="f16")
-    with pytest.raises(InputError, match="v1 has no cluster kernel for chunks"):
-        fc.compile(m, max_batch=8, lowering="v1")

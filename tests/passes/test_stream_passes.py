@@ -143,7 +143,8 @@ def test_bad_pass_options_are_named_when_the_pipeline_is_read(spec, match):
 
 def test_empty_option_braces_mean_no_options():
     from fusionc.passes.pipeline import parse_pipeline
-    assert [p.name for p in parse_pipeline("fuse{},smem-plan{}")] == ["fuse", "smem-plan"]
+    assert [p.name for p in parse_pipeline("fold-views{},smem-plan{}")] == ["fold-views",
+                                                                         "smem-plan"]
 
 
 @pytest.mark.parametrize("pipeline, first", [

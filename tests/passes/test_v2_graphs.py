@@ -435,12 +435,13 @@ def test_wide_tiles_off_the_wgmma_path_are_named(monkeypatch):
         run_pipeline(Module((f16["mlp"],)), v2_pipeline(4, rows=128))
 
 
-def test_v2_refuses_v1_options_and_an_empty_pipeline_by_name():
+def test_compile_refuses_lowering_v1_and_an_empty_pipeline_by_name():
     from fusionc.errors import InputError
     m = example("graphs_v2", hidden=256, inter=200)
-    for kw in (dict(cluster=4), dict(scheme="splitn"), dict(pipeline=""), dict(pipeline=" ")):
-        with pytest.raises(InputError, match="cluster = 4|scheme = 'splitn'|pipeline = ''"):
-            fc.compile(m, "mlp", max_batch=4, lowering="v2", **kw)
+    for kw in (dict(lowering="v1"), dict(lowering="v3"), dict(pipeline=""),
+               dict(pipeline=" ")):
+        with pytest.raises(InputError, match="lowering = 'v[13]'|pipeline = ''"):
+            fc.compile(m, "mlp", max_batch=4, **kw)
 
 
 def test_a_rank_1_x_is_named_by_the_linear_on_the_default():

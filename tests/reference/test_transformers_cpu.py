@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 from fusionc.interp import interpret  # noqa: E402
 from fusionc.ir import Module  # noqa: E402
 from fusionc.passes import run_pipeline  # noqa: E402
+from fusionc.runtime.pipelines import v2_default_pipeline  # noqa: E402
 from fusionc.sim import simulate  # noqa: E402
 from tests.passes.graphs import example, rel_err  # noqa: E402
 from tests.reference.hf import attention_case, mlp_case  # noqa: E402
@@ -28,7 +29,7 @@ def test_attention_block_matches_transformers(family, example_name):
     inputs, ref = attention_case(family, **ATT, lens=lens, max_seq=max_seq)
     g = m["attention"]
     assert rel_err(interpret(g, inputs)[0], ref) <= 1e-2
-    low = run_pipeline(Module((g,)), "partition-cluster{size=4},fuse")
+    low = run_pipeline(Module((g,)), v2_default_pipeline(g, len(lens)))
     assert rel_err(simulate(low, inputs, graph="attention")[0], ref) <= 1e-2
 
 
@@ -37,7 +38,7 @@ def test_mlp_block_matches_transformers():
     inputs, ref = mlp_case("llama", hidden=256, inter=512, batch=3)
     g = m["mlp"]
     assert rel_err(interpret(g, inputs)[0], ref) <= 1e-2
-    low = run_pipeline(Module((g,)), "partition-cluster{size=2},fuse")
+    low = run_pipeline(Module((g,)), v2_default_pipeline(g, 3))
     assert rel_err(simulate(low, inputs, graph="mlp")[0], ref) <= 1e-2
 
 

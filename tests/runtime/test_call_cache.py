@@ -30,12 +30,12 @@ def gpu():
 
 
 def _compile(module, graph="mlp", max_batch=4):
-    """One kernel per graph: the attention block on lowering v1, the MLP as v2's chained
-    kernel (its SwiGLU intermediate a scratch buffer of the graph)."""
+    """The attention block's three kernels (QKV, the attention units, O), the MLP as one
+    chained kernel (its SwiGLU intermediate a scratch buffer of the graph)."""
     import fusionc
     from fusionc.passes.stream import v2_pipeline
     if graph == "attention":
-        return fusionc.compile(module, graph, max_batch=max_batch, lowering="v1")
+        return fusionc.compile(module, graph, max_batch=max_batch)
     return fusionc.compile(module, graph, max_batch=max_batch, lowering="v2",
                            pipeline=v2_pipeline(max_batch, chain=True))
 
@@ -195,7 +195,7 @@ def test_capture_keeps_the_buffers_of_planned_calls(module, gpu):
     assert not cg._captured
 
 
-def test_two_kernel_attention_then_library_linear(module, gpu, monkeypatch):
+def test_attention_kernels_then_library_linear(module, gpu, monkeypatch):
     """Attention (in-place KV caches) and a GEMM graph take the planned path too."""
     import fusionc as fc
     from fusionc.runtime import library

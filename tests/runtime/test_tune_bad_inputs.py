@@ -24,12 +24,12 @@ def _mlp():
 
 def _shapes(key):
     v = fusionc.__version__
-    good = {"cluster": 2, "scheme": "splitn", "gemv_unroll": 8}
+    good = {"path": "fused", "chain": False}
     return [[], {key: []}, {key: {DEFAULT_GPU: 3}}, {key: {DEFAULT_GPU: {v: "x"}}},
-            {key: {DEFAULT_GPU: {v: {"scheme": "splitn", "gemv_unroll": 8}}}},
-            {key: {DEFAULT_GPU: {v: {**good, "cluster": 3}}}},
-            {key: {DEFAULT_GPU: {v: {**good, "scheme": 1}}}},
-            {key: {DEFAULT_GPU: {v: {**good, "gemv_unroll": True}}}}]
+            {key: {DEFAULT_GPU: {v: {"chain": False}}}},
+            {key: {DEFAULT_GPU: {v: {**good, "path": "cluster"}}}},
+            {key: {DEFAULT_GPU: {v: {**good, "chain": 1}}}},
+            {key: {DEFAULT_GPU: {v: {"cluster": 2, "scheme": "splitn", "gemv_unroll": 8}}}}]
 
 
 @pytest.mark.parametrize("i", range(8))
@@ -39,11 +39,11 @@ def test_malformed_store_is_ignored_with_a_warning(tmp_store, i):
     with pytest.warns(RuntimeWarning, match="ignoring .*autotune.json"):
         assert lookup(g, 4, 4096, DEFAULT_GPU) is None
     with pytest.warns(RuntimeWarning):
-        fn = fusionc.compile(g, max_batch=4, lowering="v1")   # the cost model decides
+        fn = fusionc.compile(g, max_batch=4)   # the cost table decides
     assert fn.kernels
     with pytest.warns(RuntimeWarning) if i == 0 else contextlib.nullcontext():
-        record(g, 4, 4096, {"cluster": 2, "scheme": "splitn", "gemv_unroll": 8}, DEFAULT_GPU)
-    assert lookup(g, 4, 4096, DEFAULT_GPU)["cluster"] == 2
+        record(g, 4, 4096, {"path": "library", "chain": False}, DEFAULT_GPU)
+    assert lookup(g, 4, 4096, DEFAULT_GPU)["path"] == "library"
 
 
 def test_no_candidate_fits(monkeypatch):

@@ -16,12 +16,12 @@ def test_ir_prints_tile_ir_from_a_file(tmp_path, capsys):
     assert parse_module(out) == parse_module(f.read_text())
 
 
-def test_ir_after_partition_cluster_shows_collectives_and_costs(capsys):
-    assert main(["ir", str(EXAMPLES / "llama3_8b.py"), "--lowering", "v1",
-                 "--after", "partition-cluster"]) == 0
+def test_ir_after_partition_units_shows_the_kernels_and_costs(capsys):
+    assert main(["ir", str(EXAMPLES / "llama3_8b.py"), "--after", "partition-units",
+                 "--graph", "attention"]) == 0
     out = capsys.readouterr().out
-    assert "cluster_reduce" in out and "kernel @attention_k0" in out
-    assert "// kernel" in out and "est µs" in out and "attention_k0" in out.split("kernel @")[0]
+    assert "attn_units(" in out and "kernel @attention_k" in out
+    assert "// kernel" in out and "est µs" in out and "attention_k" in out.split("kernel @")[0]
     parse_module(out)  # the cost table is in comments: the output still parses
 
 

@@ -131,8 +131,9 @@ def unsupported(dtype: DType, heads: int, kv_heads: int, head_dim: int) -> list[
 
 def fast(head_dim: int) -> bool:
     """Whether the units keep their accumulators in registers at this head_dim in 16-bit (the
-    default lowering sends others to v1): up to :data:`MAX_HEAD_DIM` (the template's K/V copies
-    take a power of two of lanes a row, so their addresses stay affine: at head_dim 192-240
+    default lowering sends others to the mixed path's host attention): up to
+    :data:`MAX_HEAD_DIM` (the template's K/V copies take a power of two of lanes a row, so
+    their addresses stay affine: at head_dim 192-240
     the earlier packed copies' hoisted addresses spilled)."""
     return head_dim <= MAX_HEAD_DIM["16-bit"]
 
