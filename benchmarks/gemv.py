@@ -333,7 +333,8 @@ def parse_args(argv=None):
                     help="only every n-th point, from the i-th (0-based)")
     ap.add_argument("--bias", action="store_true", help="y = x·Wᵀ + b")
     ap.add_argument("--lowering", choices=("v1", "v2"), default="v2",
-                    help="fusionc's lowering (passed on when not the installed default)")
+                    help="fusionc's lowering (passed on when not the installed default; v1 "
+                         "only for an older installed fusionc: this one removed it)")
     ap.add_argument("--fused", action="store_true",
                     help="lowering v2's fused kernels at every batch (v2_pipeline), also where "
                          "its cost table takes the library path")

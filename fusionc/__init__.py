@@ -1,4 +1,4 @@
-"""fusionc: a compiler of fused cluster kernels for LLM decode on NVIDIA Hopper (sm_90a).
+"""fusionc: a compiler of fused kernels for LLM decode on NVIDIA Hopper (sm_90a).
 
 Decoder stages written in a small Python DSL are traced to graph IR, lowered to tile IR with
 explicit cluster collectives (ClusterReduce, ClusterGather over distributed shared memory), fused

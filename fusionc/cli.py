@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     from fusionc import commands  # noqa: F401  (registers the subcommands)
     import fusionc
     p = argparse.ArgumentParser(prog="fusionc", description=(
-        "Compile fused cluster kernels for LLM decode on NVIDIA Hopper (sm_90a)."))
+        "Compile fused kernels for LLM decode on NVIDIA Hopper (sm_90a)."))
     p.add_argument("--version", action="version", version=f"fusionc {fusionc.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help, setup) in COMMANDS.items():

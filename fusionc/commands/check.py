@@ -96,9 +96,11 @@ def lowering_notes(name: str, lowered) -> list[str]:
         return []
     kernels = sum(op.name == "launch" for op in host.body)
     fused = f"{kernels} fused kernel launch(es)" if kernels else "no fused kernel"
+    attention = any(op.name == "decode_attention" for op in host.body)
     return [f"@{name}: {len(calls)} library call(s) (cuBLAS GEMMs for the linear layers, pass "
-            "lower-library: many tokens, no block the fused kernels cover, or on lowering v2 "
-            "a batch past the fused kernels' bucket or where the cost table measured it "
+            "lower-library: many tokens, no block the fused kernels cover, "
+            + ("an attention the units do not take (run on the host), " if attention else "")
+            + "a batch past the fused kernels' bucket or where the cost table measured it "
             "faster), the other ops as "
             f"row kernels; {fused}"]
 

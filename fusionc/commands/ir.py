@@ -156,6 +156,11 @@ def _library_why(module, names: list, max_batch: int) -> str:
         ops = ", ".join(f"{op.name} at {op.loc}" if op.loc else op.name
                         for op in sum(rest, [])[:4])
         return f" (lowering v2 takes the library path: no fused kernel takes {ops})"
+    from fusionc.lower.attention_v2 import covers
+    if any(op.name == "decode_attention" for g in graphs for op in g.body) and \
+            not all(covers(first_passes(g)) for g in graphs):
+        return (" (lowering v2 takes the mixed path with the attention on the host: the "
+                "attention units do not take its head geometry or block form)")
     path = "the mixed path (cuBLAS GEMMs around attention units)" \
         if "attention-units" in names else "the library path"
     return (f" (lowering v2 takes {path} at --max-batch {max_batch}:"

@@ -58,19 +58,23 @@ def host_rest(g: Graph) -> list[Op]:
     return [op for op in g.body if op.name != "linear" and id(op) not in absorbed]
 
 
+IN_PLACE = ("kv_cache_append", "kv_cache_write")   # their results are their input caches
+
+
 def refuse_in_place_reads(g: Graph, host: list[Op]) -> None:
-    """LoweringError naming a ``kv_cache_append`` among the host ops ``host`` whose input
-    caches anything else reads: the host path appends in place, so such a read would see the
-    new token (the interpreter's value semantics would not)."""
+    """LoweringError naming a ``kv_cache_append`` or ``kv_cache_write`` among the host ops
+    ``host`` whose input caches anything else reads (or the graph returns): the host path
+    writes them in place, so such a read would see the new tokens (the interpreter's value
+    semantics would not)."""
     from fusionc.errors import LoweringError
     use = users(g)
     for op in host:
-        if op.name != "kv_cache_append":
+        if op.name not in IN_PLACE:
             continue
         for c in op.operands[:2]:
             if any(u is not op for u in use.get(c.name, [])) or \
                     c.name in {v.name for v in g.outputs}:
-                raise LoweringError(f"the cache %{c.name} is read beside its kv_cache_append",
+                raise LoweringError(f"the cache %{c.name} is read beside its {op.name}",
                                     op=op.name, loc=op.loc,
                                     valid="caches read only through the append's results "
                                           "(the append is in place)")

@@ -29,7 +29,7 @@ class Decoder:
         cfg: sizes (:func:`fusionc.models.config.load_config`).
         batch: sequences decoded together (the kernels' batch bucket).
         max_seq: KV cache capacity in tokens (default: min(max_position_embeddings, 4096)).
-        kv_len: the KV length the cost model plans the kernels for (default max_seq / 2).
+        kv_len: the KV length a tuned choice is stored for (default max_seq / 2).
         dtype: storage dtype f16 or bf16 (default the config's; f32 models run in f16).
         autotune, progress: as in :func:`fusionc.compile` (progress: callable(str)).
         pdl: programmatic dependent launch between the layer kernels (off by default: measured

@@ -20,8 +20,8 @@ from fusionc.ir.printer import print_module
 from fusionc.ir.verifier import verify_module
 from fusionc.passes.base import PASSES, Pass
 
-# lowering v2 at a batch bucket of 8 (fusionc.passes.stream.v2_pipeline(8)): run_pipeline's
-# default
+# lowering v2's fused kernels at a batch bucket of 8, linears chained (partition-units'
+# defaults): run_pipeline's default
 DEFAULT_PIPELINE = ("fold-views,fuse-allreduce-norm,partition-units{max_batch=8},stream-plan,"
                     "insert-barriers,smem-plan")
 

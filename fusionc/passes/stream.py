@@ -186,7 +186,7 @@ class PartitionUnits(Pass):
                                           "bias, silu, silu_mul (of a split), add, mul or cast "
                                           "after them, and attention blocks in the form "
                                           "of fusionc.models.blocks; others on the mixed "
-                                          "or library path (fusionc.compile's default)")
+                                          "or library path")
             if op.operands[1].name not in {p.name for p in g.params}:
                 raise LoweringError(f"the weight %{op.operands[1].name} is computed in "
                                     "the graph", op=op.name, loc=op.loc,

@@ -51,10 +51,16 @@ def check_split_options(split_tokens, min_split_tokens, side_ctas) -> None:
                              (f" to {hi}" if hi else ""))
 
 
-def check_lowering(lowering, pipeline) -> None:
+def check_lowering(lowering, pipeline, cluster=None, scheme=None) -> None:
     """InputError unless ``lowering`` is None, ``"auto"`` or ``"v2"`` (v1's cluster kernels
-    were removed), or for an empty ``pipeline`` string."""
-    if lowering not in (None, "auto", "v2"):
+    were removed), for v1's options ``cluster`` and ``scheme`` given, or for an empty
+    ``pipeline`` string."""
+    for name, v in (("cluster", cluster), ("scheme", scheme)):
+        if v is not None:
+            raise InputError(f"{name} = {v!r}", valid=f"no {name}: an option of lowering v1's "
+                             "cluster kernels, removed with it (design v2 sizes its grids "
+                             "by the occupancy query)")
+    if not isinstance(lowering, (str, type(None))) or lowering not in (None, "auto", "v2"):
         raise InputError(f"lowering = {lowering!r}",
                          valid="None, 'auto' or 'v2' (design v2 lowers every graph; "
                                "lowering v1's cluster kernels were removed)")

@@ -26,7 +26,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8,
             codegen=None, autotune: bool = False, progress=None,
             pdl: bool = False, comm=None, split_tokens: int | None = None,
             min_split_tokens: int = 4096, side_ctas: int = 32,
-            lowering: str | None = None) -> CompiledGraph:
+            lowering: str | None = None, cluster=None, scheme=None) -> CompiledGraph:
     """Lower, fuse, generate and compile ``program`` for the GPU.
 
     Args:
@@ -63,6 +63,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8,
             otherwise: :func:`fusionc.runtime.pipelines.v2_default_pipeline`). ``"v1"``, the
             cluster kernels of the first design, was removed (issues 22 and 24): an
             InputError.
+        cluster, scheme: lowering v1's options, removed with it: an InputError when given.
     Returns:
         A :class:`CompiledGraph`; compiling needs no GPU, calling it does.
     Raises:
@@ -77,7 +78,7 @@ def compile(program, graph: str | None = None, *, max_batch: int = 8,
     check_options(program, max_batch, kv_len)
     check_split_options(split_tokens, min_split_tokens, side_ctas)
     codegen = check_kinds(codegen, progress, pipeline, pdl, autotune)
-    check_lowering(lowering, pipeline)
+    check_lowering(lowering, pipeline, cluster, scheme)
     module = program if isinstance(program, Module) else Module((program,))
     name = pick_graph(module, graph)
     check_fp32_attrs(module[name])

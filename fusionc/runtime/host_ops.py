@@ -1,7 +1,8 @@
 """The ops of a lowered host graph that are not fusionc kernel launches, on the GPU: library
 calls (cuBLAS GEMMs, with a bias), row-wise graph ops as row kernels (RMSNorm, SiLU, SiLU·mul,
 add, mul, cast, the embedding's gather: :mod:`.row_kernels`; feature splits and heads as views), a prompt chunk's
-RoPE, KV-cache write and attention (:mod:`.library_attention`), the token blocks of
+RoPE, KV-cache write and attention and a decode step's attention the units do not take
+(RoPE, in-place KV append, decode attention: :mod:`.library_attention`), the token blocks of
 ``split-tokens`` (views; each block's result written in place into its rows of the joined
 buffer), and the collectives (:mod:`.comm_ops`).
 

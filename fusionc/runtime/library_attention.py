@@ -42,42 +42,47 @@ def rope_source(dtype: str, style: str) -> str:
     """CUDA source of ``fc_rope``: ``y[t, h, :] = x[t, h, :]`` rotated by ``pos[t] · inv[j]``
     (RoFormer, Su et al. 2021, eq. 34) on the pairs of ``style`` (neox: (j, j + r/2); gptj:
     (2j, 2j + 1)) of the first ``r`` features, fp32 math, one rounding; the rest copied. One
-    thread per (row, head, pair)."""
+    thread per (row, head, pair); rows of x ``xs`` elements apart (a feature split's piece read
+    in place), y contiguous."""
     ty, conv = _CONVERT[dtype]
     a, b = ("j", "j + r / 2") if style == "neox" else ("2 * j", "2 * j + 1")
     return conv + f"""
 extern "C" __global__ void fc_rope(const {ty}* x, const int* pos, const float* inv, {ty}* y,
-                                   int n, int heads, int d, int r) {{
+                                   int n, int heads, int d, int r, long long xs) {{
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   int half = r / 2, t = i / (heads * half), rest = i % (heads * half);
   int h = rest / half, j = rest % half;
-  long long base = ((long long)t * heads + h) * d;
+  long long base = ((long long)t * heads + h) * d, xb = (long long)t * xs + (long long)h * d;
   int a = {a}, b = {b};
   float ang = (float)pos[t] * inv[j], c = cosf(ang), s = sinf(ang);
-  float x1 = fc_f32(x[base + a]), x2 = fc_f32(x[base + b]);
+  float x1 = fc_f32(x[xb + a]), x2 = fc_f32(x[xb + b]);
   y[base + a] = fc_bits(x1 * c - x2 * s);
   y[base + b] = fc_bits(x2 * c + x1 * s);
   if (j == 0)
-    for (int k = r; k < d; ++k) y[base + k] = x[base + k];
+    for (int k = r; k < d; ++k) y[base + k] = x[xb + k];
 }}
 """
 
 
 @functools.cache   # built once per geometry: not on the call path
-def write_source(dtype: str) -> str:
+def write_source(dtype: str, decode: bool = False) -> str:
     """CUDA source of ``fc_kv_cache_write``: ``cache[seq_of[t], pos[t], :] = src[t, :]`` for
-    rows of ``width`` elements; rows outside the cache skipped. One thread per element."""
+    rows of ``width`` elements, ``ss`` elements apart in src (a feature split's piece read in
+    place); rows outside the cache skipped. One thread per element. ``decode``:
+    ``fc_kv_cache_append``, row t into cache row t (``seq_of`` unread)."""
     ty, _ = _CONVERT[dtype]
+    name = "fc_kv_cache_append" if decode else "fc_kv_cache_write"
+    seq = "t" if decode else "seq_of[t]"
     return f"""
-extern "C" __global__ void fc_kv_cache_write(const {ty}* src, const int* seq_of, const int* pos,
-                                             {ty}* cache, long long n, int seqs, int s_max,
-                                             int width) {{
+extern "C" __global__ void {name}(const {ty}* src, const int* seq_of, const int* pos,
+                                  {ty}* cache, long long n, int seqs, int s_max,
+                                  int width, long long ss) {{
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  int t = (int)(i / width), e = (int)(i % width), s = seq_of[t], p = pos[t];
+  int t = (int)(i / width), e = (int)(i % width), s = {seq}, p = pos[t];
   if (s >= 0 && s < seqs && p >= 0 && p < s_max)
-    cache[((long long)s * s_max + p) * width + e] = src[i];
+    cache[((long long)s * s_max + p) * width + e] = src[(long long)t * ss + e];
 }}
 """
 
@@ -102,11 +107,26 @@ def rope(x, positions, out, *, theta: float, style: str, rotary_dim: int, scalin
     n = t * heads * (rotary_dim // 2)
     if not n:
         return
-    x = cupy.ascontiguousarray(x)
+    x, xs = _rows(x)
     inv = _inv_freq(theta, rotary_dim, tuple(scaling), cupy.cuda.Device().id)
     _launch(_kernel(rope_source(dtype, style), "fc_rope"), n,
             (x, cupy.ascontiguousarray(positions), inv, out, np.int32(n), np.int32(heads),
-             np.int32(d), np.int32(rotary_dim)))
+             np.int32(d), np.int32(rotary_dim), np.int64(xs)))
+
+
+def _rows(x):
+    """``(x, row stride in elements)``: x itself where each row (all but the first axis) is
+    contiguous, as a feature split's piece is (read in place: a copy would allocate on every
+    call, inside a captured step too), else a contiguous copy."""
+    import cupy
+    inner = x.shape[1:]
+    size = int(np.prod(inner, dtype=np.int64))
+    want = tuple(x.itemsize * int(np.prod(inner[i + 1:], dtype=np.int64))
+                 for i in range(len(inner)))
+    if x.shape[0] > 1 and tuple(x.strides[1:]) == want and x.strides[0] > 0 and \
+            x.strides[0] % x.itemsize == 0:
+        return x, x.strides[0] // x.itemsize
+    return (x if x.flags.c_contiguous else cupy.ascontiguousarray(x)), size
 
 
 @functools.lru_cache(maxsize=64)
@@ -120,19 +140,24 @@ def _inv_freq(theta: float, rotary_dim: int, scaling: tuple, device: int):
 
 def kv_cache_write(k_cache, v_cache, k, v, seq_of, positions, dtype: str) -> None:
     """``cache[seq_of[t], positions[t]] = k[t]`` (and v) in place (caches ``[N, S, KV, D]``
-    contiguous, ``k``, ``v`` ``[T, KV, D]``); rows whose sequence or position lies outside the
-    cache are skipped (the interpreter raises InputError for them)."""
+    contiguous, ``k``, ``v`` ``[T, KV, D]`` with contiguous rows, read in place); rows whose
+    sequence or position lies outside the cache are skipped (the interpreter raises InputError
+    for them). ``seq_of`` None: row t into cache row t (``kv_cache_append``)."""
     import cupy
     t = k.shape[0]
     n_seq, s_max, kvh, d = k_cache.shape
     n = t * kvh * d
     if not n:
         return
-    kern = _kernel(write_source(dtype), "fc_kv_cache_write")
+    decode = seq_of is None
+    kern = _kernel(write_source(dtype, decode),
+                   "fc_kv_cache_append" if decode else "fc_kv_cache_write")
+    pos = cupy.ascontiguousarray(positions)
+    seq = pos if decode else cupy.ascontiguousarray(seq_of)   # unread when decode
     for cache, src in ((k_cache, k), (v_cache, v)):
-        _launch(kern, n, (cupy.ascontiguousarray(src), cupy.ascontiguousarray(seq_of),
-                          cupy.ascontiguousarray(positions), cache, np.int64(n),
-                          np.int32(n_seq), np.int32(s_max), np.int32(kvh * d)))
+        src, ss = _rows(src)
+        _launch(kern, n, (src, seq, pos, cache, np.int64(n), np.int32(n_seq),
+                          np.int32(s_max), np.int32(kvh * d), np.int64(ss)))
 
 
 @functools.cache   # built once per geometry: not on the call path
@@ -155,14 +180,14 @@ constexpr int G = {g}, D = {d}, DL = (D + 31) / 32;
 extern "C" __global__ void {name}(const {ty}* __restrict__ q,
     const {ty}* __restrict__ kc, const {ty}* __restrict__ vc, const int* __restrict__ seq_of,
     const int* __restrict__ pos, {ty}* __restrict__ out, int rows, int kvh, int seqs,
-    int s_max, float scale, int heads) {{
+    int s_max, float scale, int heads, long long q_row) {{
   extern __shared__ float qs_all[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, groups = heads / G;
   const long long w = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
   if (w >= (long long)rows * groups) return;   // no CTA barrier below
   const int t = (int)(w / groups), h0 = (int)(w % groups) * G, j = h0 / (heads / kvh);
   float* const qs = qs_all + warp * G * D;
-  const {ty}* const qt = q + ((long long)t * heads + h0) * D;
+  const {ty}* const qt = q + (long long)t * q_row + (long long)h0 * D;   // rows q_row apart
   for (int i = lane; i < G * D; i += 32) qs[i] = fc_f32(qt[i]);
   __syncwarp();
   {ty}* const ot = out + ((long long)t * heads + h0) * D;
@@ -298,7 +323,8 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
         if smem > ATTN_SMEM:   # one warp's queries alone (8 heads of head_dim > 384)
             kern.max_dynamic_shared_size_bytes = smem
         kern((-(-t_ * (h // g) // warps),), (32 * warps,),
-             (q, k_cache, v_cache, *rows, dst, *dims, np.int32(h)), shared_mem=smem)
+             (q, k_cache, v_cache, *rows, dst, *dims, np.int32(h), np.int64(h * d)),
+             shared_mem=smem)
     if dst is not out:
         out[...] = dst
 
@@ -306,9 +332,10 @@ def chunk_attention(q, k_cache, v_cache, seq_of, positions, scale: float, out,
 def decode_attention(q, k_cache, v_cache, seq_lens, scale: float, out, dtype: str) -> None:
     """``decode_attention`` on the host path (``fusionc/ir/ops/attention.py``): ``out[b] =
     softmax(scale · q[b] · Kᵀ) · V`` over the first ``seq_lens[b]`` keys of cache row b, in one
-    launch of :func:`attention_source` (``decode``), nothing read back (a CUDA graph captures
-    it); q ``[B, H, D]``, caches ``[B, S, KV, D]`` 16-byte aligned and contiguous. A row of 0
-    keys gets zeros (so does one past S, which the interpreter refuses)."""
+    launch of :func:`attention_source` (``decode``), nothing read back or allocated where q's
+    rows are contiguous and 4-byte aligned and ``out`` contiguous (a CUDA graph captures it);
+    q ``[B, H, D]``, caches ``[B, S, KV, D]`` 16-byte aligned and contiguous. A row of 0 keys
+    gets zeros (so does one past S, which the interpreter refuses)."""
     import cupy
     b, h, d = q.shape
     if not b:
@@ -316,7 +343,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale: float, out, dtype: st
     _, s_max, hkv, _ = k_cache.shape
     _check_caches("decode_attention", k_cache, v_cache)
     g = head_group(h // hkv)
-    q = cupy.ascontiguousarray(q) if not q.data.ptr % 4 else q.copy()   # 32-bit q loads
+    q, q_row = _rows(q) if not q.data.ptr % 4 else (q.copy(), h * d)   # 32-bit q loads
     dst = out if out.flags.c_contiguous and not out.data.ptr % 4 else \
         cupy.empty(out.shape, out.dtype)
     warps = max(1, min(ATTN_WARPS, ATTN_SMEM // (g * d * 4)))
@@ -327,25 +354,16 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale: float, out, dtype: st
     lens = cupy.ascontiguousarray(seq_lens)
     kern((-(-b * (h // g) // warps),), (32 * warps,),
          (q, k_cache, v_cache, lens, lens, dst, np.int32(b), np.int32(hkv), np.int32(b),
-          np.int32(s_max), np.float32(scale), np.int32(h)), shared_mem=smem)
+          np.int32(s_max), np.float32(scale), np.int32(h), np.int64(q_row)), shared_mem=smem)
     if dst is not out:
         out[...] = dst
 
 
 def kv_cache_append(k_cache, v_cache, k, v, positions, dtype: str) -> None:
     """``kv_cache_append`` on the host path: ``cache[b, positions[b]] = k[b]`` (and v) in
-    place, through :func:`kv_cache_write` with row b as sequence b (positions outside the
-    cache skipped; the interpreter raises InputError for them)."""
-    import cupy
-    kv_cache_write(k_cache, v_cache, k, v, _rows_of(k.shape[0], cupy.cuda.Device().id),
-                   positions, dtype)
-
-
-@functools.lru_cache(maxsize=16)
-def _rows_of(b: int, device: int):
-    """``arange(b)`` as i32 on ``device``, made once per batch (not in a captured call)."""
-    import cupy
-    return cupy.arange(b, dtype=cupy.int32)
+    place (:func:`kv_cache_write`'s kernel with row b into cache row b; positions outside the
+    cache skipped, the interpreter raises InputError for them)."""
+    kv_cache_write(k_cache, v_cache, k, v, None, positions, dtype)
 
 
 def _check_caches(op: str, k_cache, v_cache) -> None:

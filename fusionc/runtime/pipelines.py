@@ -31,7 +31,8 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     (``LIBRARY_OPS``; others stay on the fused pipeline, whose ``partition-units`` names
     them). Attention graphs never take the library path: past the bucket, with host ops left,
     or where the cost table measured the library path faster (33 rows and more on an H200),
-    they take the mixed path (:func:`mixed_pipeline`: GEMMs around attention units).
+    they take the mixed path (:func:`mixed_pipeline`: GEMMs around attention units), and so do
+    attentions the units do not take, at any batch, on the host (``host``).
     The rows are ``max_batch`` or a static batch, whichever is larger."""
     from fusionc.cost.h200 import H200
     from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
@@ -53,14 +54,16 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
             bad = _not_mixed(g)
             if bad is None:
                 return mixed_pipeline(rows, host)
-            if top is None or rows > top:
+            if top is None or rows > top or host:
                 from fusionc.errors import LoweringError
-                raise LoweringError(f"an attention graph of {rows} rows (past the fused "
-                                    f"bucket) whose {bad.name} the host cannot run",
-                                    op=bad.name, loc=bad.loc,
+                why = "an attention the units do not take (the host runs it)" if host else \
+                    f"{rows} rows (past the fused bucket)"
+                raise LoweringError(f"an attention graph with {why} whose {bad.name} the "
+                                    "host cannot run", op=bad.name, loc=bad.loc,
                                     valid="linears, attention blocks and row-wise float ops "
-                                          f"on [T, D] rows (the mixed path); at most {top} "
-                                          "rows for the fused kernels")
+                                          "on [T, D] rows (the mixed path)" +
+                                          ("" if host else f"; at most {top} rows for the "
+                                           "fused kernels"))
         wide = path == "wide" and top == MAX_BATCH_MMA
         return path_pipeline(g, max_batch, "wide" if wide else "fused", None)
     if top is not None and (rows > top or path == "library") or \
@@ -81,7 +84,8 @@ def path_pipeline(g: Graph, max_batch: int, path: str, chain: bool | None) -> st
     if path == "library":
         return library_pipeline(g)
     if path == "mixed":
-        return mixed_pipeline(_rows(g, max_batch))
+        from fusionc.lower.attention_v2 import covers
+        return mixed_pipeline(_rows(g, max_batch), host=not covers(first_passes(g)))
     return v2_pipeline(max_batch, chain=chain, rows=WIDE_ROWS if path == "wide" else ROWS)
 
 

@@ -35,12 +35,17 @@ class V2Choice:
 
 def candidates(g: Graph | None = None, max_batch: int = 1) -> list:
     """The paths that can realize ``g`` at ``max_batch`` rows: fused up to its bucket, 128-row
-    tiles where every linear is on tensor cores, the library path unless the graph attends (the
-    library has no attention; an attending graph has the mixed path instead, GEMMs around
-    attention units)."""
+    tiles where every linear is on tensor cores, the library path unless the graph attends (an
+    attending graph has the mixed path instead, GEMMs around attention units, and only it where
+    the units do not take the attention: its host attention)."""
     from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
     top = fused_rows(g) if g is not None else None
     out = []
+    if g is not None and any(op.name == "decode_attention" for op in g.body):
+        from fusionc.lower.attention_v2 import covers
+        from fusionc.runtime.pipelines import first_passes
+        if not covers(first_passes(g)):   # the units do not take it: the host attention only
+            top = None
     if top is not None and max_batch <= top:
         out += [V2Choice("fused", False), V2Choice("fused", True)]
         if top == MAX_BATCH_MMA:

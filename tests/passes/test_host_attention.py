@@ -95,3 +95,28 @@ def test_ir_after_attention_units_shows_the_host_attention(tmp_path, capsys):
                "--after", "attention-units"])
     out = capsys.readouterr().out
     assert rc in (0, None) and "kv_cache_append(" in out and "decode_attention(" in out
+
+
+def test_tuning_offers_only_the_host_attention_where_the_units_do_not_take_it():
+    from fusionc.runtime.pipelines import path_pipeline
+    from fusionc.tune.search import candidates
+    g = _block(head_dim=272).graphs[0]
+    assert [c.path for c in candidates(g, 4)] == ["mixed"]
+    assert "host=true" in path_pipeline(g, 4, "mixed", None)
+    assert "host=true" not in path_pipeline(_block().graphs[0], 200, "mixed", None)
+
+
+def test_a_cache_read_beside_a_host_append_is_refused_on_every_path():
+    """An append with no attention (the library path) that also returns the old cache: the
+    host writes in place, so the old value would be the new one."""
+    import fusionc as fc
+    from fusionc.errors import LoweringError
+
+    @fc.graph
+    def g(kc: fc.f16["B", 8, 1, 16], vc: fc.f16["B", 8, 1, 16], k: fc.f16["B", 1, 16],
+          v: fc.f16["B", 1, 16], pos: fc.i32["B"]):
+        k2, v2 = fc.kv_cache_append(kc, vc, k, v, pos)
+        return k2, v2, kc
+    with pytest.raises(LoweringError, match="read beside its kv_cache_append") as e:
+        fc.compile(g, max_batch=4)
+    assert e.value.op == "kv_cache_append" and e.value.loc is not None

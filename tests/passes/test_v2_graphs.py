@@ -439,9 +439,11 @@ def test_compile_refuses_lowering_v1_and_an_empty_pipeline_by_name():
     from fusionc.errors import InputError
     m = example("graphs_v2", hidden=256, inter=200)
     for kw in (dict(lowering="v1"), dict(lowering="v3"), dict(pipeline=""),
-               dict(pipeline=" ")):
-        with pytest.raises(InputError, match="lowering = 'v[13]'|pipeline = ''"):
+               dict(pipeline=" "), dict(cluster=4), dict(scheme="splitn")):
+        with pytest.raises(InputError, match="lowering = 'v[13]'|pipeline = ''|"
+                                             "cluster = 4|scheme = 'splitn'") as e:
             fc.compile(m, "mlp", max_batch=4, **kw)
+        assert e.value.valid
 
 
 def test_a_rank_1_x_is_named_by_the_linear_on_the_default():

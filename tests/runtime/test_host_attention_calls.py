@@ -26,11 +26,10 @@ def fake(monkeypatch):
     from fusionc.runtime import library_attention as la
     log = []
     monkeypatch.setattr(la, "_kernel", lambda src, name: _Kernel(src, name, log))
-    monkeypatch.setattr(la, "_rows_of", lambda b, dev: fake_cupy_array((b,), np.int32))
     monkeypatch.setattr(la, "_inv_freq", lambda *a: fake_cupy_array((a[1] // 2,), np.float32))
-    import cupy   # a copy of a strided piece would run a CuPy kernel: a fresh fake array
+    import cupy   # no copy: the split's pieces are read in place (a copy would allocate)
     monkeypatch.setattr(cupy, "ascontiguousarray", lambda x: x if x.flags.c_contiguous else
-                        fake_cupy_array(x.shape, x.dtype))
+                        pytest.fail(f"a copy of a {x.shape} piece"))
     with fake_gpu():
         yield log
 
@@ -53,14 +52,19 @@ def test_host_attention_launches_rope_append_and_attention_in_order(fake):
             for p in g.params}
     cg(**args)
     names = [x[0] for x in fake]
-    assert names == ["fc_rope", "fc_rope", "fc_kv_cache_write", "fc_kv_cache_write",
+    assert names == ["fc_rope", "fc_rope", "fc_kv_cache_append", "fc_kv_cache_append",
                      "fc_decode_attention"]
     from fusionc.runtime import library_attention as la
     name, grid, block, kargs, smem = fake[-1]
     src = la.attention_source("f16", la.head_group(2), 272, decode=True)
-    assert len(kargs) == _params(src, "fc_decode_attention") == 12
+    assert len(kargs) == _params(src, "fc_decode_attention") == 13
     assert kargs[1] is args["k_cache"] and kargs[2] is args["v_cache"]   # caches in place
     assert kargs[3] is kargs[4]   # seq_lens (seq_of unread)
     assert grid == (-(-3 * 2 // (block[0] // 32)),) and smem == block[0] // 32 * 2 * 272 * 4
+    qkv_row = (4 + 2 * 2) * 272   # the pieces' row stride: the QKV GEMM's output row
+    assert int(kargs[12]) == 4 * 272   # q: the rope's contiguous output
+    for _, _, _, w, _ in fake[:2]:   # the rope reads q and k in place
+        assert int(w[-1]) == qkv_row
     for _, _, _, w, _ in fake[2:4]:
-        assert len(w) == _params(la.write_source("f16"), "fc_kv_cache_write")
+        assert len(w) == _params(la.write_source("f16", True), "fc_kv_cache_append") == 9
+        assert int(w[-1]) in (qkv_row, 2 * 272)   # v in place; k the rope's output
