@@ -1,8 +1,9 @@
 """fusionc: a compiler of fused kernels for LLM decode on NVIDIA Hopper (sm_90a).
 
-Decoder stages written in a small Python DSL are traced to graph IR, lowered to tile IR with
-explicit cluster collectives (ClusterReduce, ClusterGather over distributed shared memory), fused
-into single kernels, emitted as CUDA through Jinja templates and compiled with NVRTC.
+Decoder stages written in a small Python DSL are traced to graph IR, lowered to tile IR (work
+units over every SM, a TMA-fed shared-memory ring, counters; cluster collectives over
+distributed shared memory as ops), fused into persistent kernels, emitted as CUDA through Jinja
+templates and compiled with NVRTC.
 See README.md and docs/ARCHITECTURE.md.
 
 The DSL (``fusionc.graph``, ``fusionc.linear``, ``fusionc.f16``, ...), the interpreter

@@ -10,8 +10,9 @@ from fusionc.errors import InputError
 _EPILOG = """\
 The prompt runs in chunks of up to 256 tokens (on the GPU: cuBLAS GEMMs and library attention
 kernels; with --cpu: the interpreter). Then --max-new-tokens tokens are
-generated (greedy unless --temperature > 0). Every layer's attention and MLP block is one fused
-kernel; one decode step is one CUDA graph. --tp N --cpu runs N simulated tensor-parallel ranks
+generated (greedy unless --temperature > 0). Every layer's attention block is three persistent
+kernels (QKV, the attention units, O) and its MLP block one or two; one decode step is one
+CUDA graph. --tp N --cpu runs N simulated tensor-parallel ranks
 (Llama-family models), each reading its shard of the checkpoint. Prints the tokens of each
 sequence and ms per token.
 

@@ -146,9 +146,14 @@ def is_capturing(stream: int) -> bool:
 
 
 def device_id() -> int:
-    """CuPy's current device (the device arguments must be on)."""
+    """CuPy's current device (the device arguments must be on); DeviceError (as
+    :func:`require_gpu`'s) without a usable GPU."""
     import cupy
-    return cupy.cuda.runtime.getDevice()
+    try:
+        return cupy.cuda.runtime.getDevice()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        require_gpu()   # names the missing or unusable GPU
+        raise
 
 
 _SIG: dict = {}  # argument type -> its signature function (None: not an array fusionc takes)

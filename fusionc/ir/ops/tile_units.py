@@ -136,6 +136,9 @@ def check_heads(op, x: TensorType, w: TensorType, k: int | None = None) -> None:
     ``n`` and ``k``) also tiles that never straddle two heads (``R`` a multiple of rows)."""
     attrs = dict(op.attrs)
     hr, hc = op.attr("head_rows"), op.attr("head_cols")
+    if not all(isinstance(d, int) for d in w.shape):
+        fail(op, f"w {w} of a block-diagonal linear (head_rows = {hr})",
+             "a weight of static sizes [H, R, K] or [H·R, K]")
     n = attrs.get("n", w.shape[0] * (w.shape[1] if w.rank == 3 else 1))
     k, rows = attrs.get("k", k), attrs.get("rows", hr)
     heads = n // hr if hr and isinstance(n, int) and n % hr == 0 else 0
