@@ -135,9 +135,9 @@ def _pipelines(module, args) -> dict[str, str]:
 
 def _no_such_pass(module, args, skipped: list) -> None:
     """PassError: no graph's pipeline has ``--after``'s pass (``skipped``: each group's
-    ``(module, names, passes)``)."""
+    ``(module, names, pass names, pipeline)``)."""
     from fusionc.errors import PassError
-    names = list(dict.fromkeys(p for _, _, at in skipped for p in at))
+    names = list(dict.fromkeys(p for _, _, at, _ in skipped for p in at))
     why = ""
     if "lower-library" in names and not args.passes:
         why = _library_why(module, names, getattr(args, "max_batch", None) or 8)
@@ -209,15 +209,15 @@ def run_passes(module, args):
         if args.after:
             at = [p.name for p in passes]
             if args.after not in at:
-                skipped.append((part, names, at))
+                skipped.append((part, names, at, text))
                 continue
             passes = passes[:at.index(args.after) + 1]
         done.append(run_pipeline(part, passes))
     if not done:
         _no_such_pass(module, args, skipped)
-    for part, names, at in skipped:
+    for part, names, _, text in skipped:
         print(f"fusionc: note: {', '.join('@' + n for n in names)} shown as traced: "
-              f"its pipeline has no {args.after} ({','.join(at)})", file=sys.stderr)
+              f"its pipeline has no {args.after} ({text})", file=sys.stderr)
         done.append(part)
     module = Module(tuple(g for m in done for g in m.graphs))
     kernels = [g for g in module.graphs if g.kind == "kernel"]
