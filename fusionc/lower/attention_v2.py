@@ -61,19 +61,18 @@ def host_rest(g: Graph) -> list[Op]:
 IN_PLACE = ("kv_cache_append", "kv_cache_write")   # their results are their input caches
 
 
-def refuse_in_place_reads(g: Graph, host: list[Op]) -> None:
-    """LoweringError naming a ``kv_cache_append`` or ``kv_cache_write`` among the host ops
-    ``host`` whose input caches anything else reads (or the graph returns): the host path
-    writes them in place, so such a read would see the new tokens (the interpreter's value
-    semantics would not)."""
+def refuse_in_place_reads(g: Graph) -> None:
+    """LoweringError naming a ``kv_cache_append`` or ``kv_cache_write`` of host graph ``g``
+    whose input caches anything else reads (or the graph returns): the host path writes them
+    in place, so such a read would see the new tokens (the interpreter's value semantics would
+    not)."""
     from fusionc.errors import LoweringError
-    use = users(g)
-    for op in host:
+    use, outputs = users(g), {v.name for v in g.outputs}
+    for op in g.body:
         if op.name not in IN_PLACE:
             continue
         for c in op.operands[:2]:
-            if any(u is not op for u in use.get(c.name, [])) or \
-                    c.name in {v.name for v in g.outputs}:
+            if any(u is not op for u in use.get(c.name, [])) or c.name in outputs:
                 raise LoweringError(f"the cache %{c.name} is read beside its {op.name}",
                                     op=op.name, loc=op.loc,
                                     valid="caches read only through the append's results "

@@ -54,13 +54,11 @@ def unit_cores(g: Graph, host: bool = False) -> dict:
     (:func:`fusionc.lower.mla_v2.mla_cores`) of ``g``; LoweringError naming an attention of
     ``g`` in neither form. ``host``: only the attention cores the units take
     (:func:`fusionc.lower.attention_v2.takes`), the other attentions left to the host
-    (LoweringError for a cache read beside its in-place append there)."""
+    (``lower-library`` then refuses a cache read beside an in-place append)."""
     from fusionc.lower import attention_v2, mla_v2
     cores = {id(c.attention): c for c in attention_v2.attention_cores(g)
              if not host or attention_v2.takes(c)}
-    if host:
-        attention_v2.refuse_in_place_reads(g, attention_v2.host_rest(g))
-    else:
+    if not host:
         attention_v2.refuse_unmatched(g, cores)
     mla = {id(c.attention): c for c in mla_v2.mla_cores(g)}
     mla_v2.refuse_unmatched(g, mla)

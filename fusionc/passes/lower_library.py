@@ -33,7 +33,7 @@ class LowerLibrary(Pass):
         a host append or write (in place) leaves readable under its old name
         (:func:`fusionc.lower.attention_v2.refuse_in_place_reads`)."""
         from fusionc.lower.attention_v2 import refuse_in_place_reads
-        refuse_in_place_reads(g, list(g.body))
+        refuse_in_place_reads(g)
         call = lookup("library_call")
 
         def attrs(op):   # the linear's out_dtype carries over

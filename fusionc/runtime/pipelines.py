@@ -48,8 +48,7 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     runs = bool(left) and all(op.name in LIBRARY_OPS for op in left)
     path = H200.v2_path(rows)
     if any(op.name in ATTENTION_OPS for op in g.body):
-        from fusionc.lower.attention_v2 import covers
-        host = not covers(g)   # attentions the units do not take: on the host
+        host = host_attention(g)
         if _mixed_rows(rows, top) or left or host:
             bad = _not_mixed(g)
             if bad is None:
@@ -84,9 +83,16 @@ def path_pipeline(g: Graph, max_batch: int, path: str, chain: bool | None) -> st
     if path == "library":
         return library_pipeline(g)
     if path == "mixed":
-        from fusionc.lower.attention_v2 import covers
-        return mixed_pipeline(_rows(g, max_batch), host=not covers(first_passes(g)))
+        return mixed_pipeline(_rows(g, max_batch), host=host_attention(first_passes(g)))
     return v2_pipeline(max_batch, chain=chain, rows=WIDE_ROWS if path == "wide" else ROWS)
+
+
+def host_attention(g: Graph) -> bool:
+    """Whether ``g`` (views folded: :func:`first_passes`) has a ``decode_attention`` that the
+    attention units do not take (:func:`fusionc.lower.attention_v2.covers`): the mixed path
+    runs it on the host (``attention-units{host=true}``), and no fused path takes ``g``."""
+    from fusionc.lower.attention_v2 import covers
+    return any(op.name == "decode_attention" for op in g.body) and not covers(g)
 
 
 def first_passes(g: Graph) -> Graph:

@@ -41,10 +41,9 @@ def candidates(g: Graph | None = None, max_batch: int = 1) -> list:
     from fusionc.lower.linear_v2 import MAX_BATCH_MMA, fused_rows
     top = fused_rows(g) if g is not None else None
     out = []
-    if g is not None and any(op.name == "decode_attention" for op in g.body):
-        from fusionc.lower.attention_v2 import covers
-        from fusionc.runtime.pipelines import first_passes
-        if not covers(first_passes(g)):   # the units do not take it: the host attention only
+    if g is not None:
+        from fusionc.runtime.pipelines import first_passes, host_attention
+        if host_attention(first_passes(g)):   # the units do not take it: the host path only
             top = None
     if top is not None and max_batch <= top:
         out += [V2Choice("fused", False), V2Choice("fused", True)]
