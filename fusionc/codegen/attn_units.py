@@ -38,28 +38,30 @@ def attn_op(kernel: Graph) -> Op | None:
 
 
 def ring_fit(head_dim: int, itemsize: int, group: int, threads: int,
-             max_batch: int = 1) -> tuple[int, int]:
+             max_batch: int = 1, stages: int | None = None) -> tuple[int, int]:
     """(cp.async stages per warp, shared-memory bytes) of the template's layout for a group of
     ``group`` query heads per KV head: the warps' rings ([W][stages][32 rows][D + 8]), the q
     rows ([16][D + 8]), the new k and v, fp32 q/k/v, m/l, RoPE's cos and sin (D), the plan's
     sums (2 · WAVES + W) and the unit prefix (4 B a row). Fewer than 2 stages: it does not fit
-    (the default lowering asks this too: ``fusionc.lower.attention_v2.covers``)."""
+    (the default lowering asks this too: ``fusionc.lower.attention_v2.covers``). ``stages``:
+    that many, not as many as fit (an attention phase: :data:`PHASE_STAGES`)."""
     d, warps, gu = head_dim, threads // 32, block_rows(group)
     step = 2 * 16 * (d + 8) * itemsize
     rest = 16 * (d + 8) * itemsize + 2 * d * itemsize + \
         4 * ((gu + 3) * d + 2 * gu + 2 * WAVES + warps + max_batch + 2)
-    stages = min(MAX_STAGES, (SMEM_LIMIT - rest) // (warps * step))
+    if stages is None:
+        stages = min(MAX_STAGES, (SMEM_LIMIT - rest) // (warps * step))
     return stages, warps * stages * step + rest
 
 
-def geometry(op: Op, threads: int, max_batch: int) -> dict:
+def geometry(op: Op, threads: int, max_batch: int, stages: int | None = None) -> dict:
     """G, D, H, KVH, S of the op, the cp.async stages per warp and the shared-memory bytes of
-    the template's layout (:func:`ring_fit`)."""
+    the template's layout (:func:`ring_fit`; ``stages`` as there)."""
     kc, o = op.operands[1].type, op.operands[5].type
     _, S, kvh, d = kc.shape
     heads = o.shape[1] // d
     g = heads // kvh
-    stages, smem = ring_fit(d, kc.dtype.itemsize, g, threads, max_batch)
+    stages, smem = ring_fit(d, kc.dtype.itemsize, g, threads, max_batch, stages)
     return dict(G=g, GU=block_rows(g), QB=q_blocks(g), D=d, H=heads, KVH=kvh, S=S,
                 stages=stages, smem=smem)
 
@@ -94,28 +96,84 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
     geo = geometry(op, threads, mb)
     _check(kernel, op, geo)
     params, names, freq, name = unit_params(kernel, op)
-    rot = op.attr("rotary_dim")
     source = render(
         "attn_units.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
         ir_lines=print_graph(kernel).splitlines(), name=name,
-        libs=libs.render_libs({"mma", "attention", "stream"}), stages=geo["stages"],
-        params=[kp.decl for kp in params], T=cnames.ctype(op.operands[0].type.dtype),
-        G=geo["G"], GU=geo["GU"], QB=geo["QB"], D=geo["D"], H=geo["H"], KVH=geo["KVH"],
-        S=geo["S"], tile=op.attr("tile"),
-        grid=op.attr("grid"), threads=threads, max_batch=mb, max_splits=MAX_SPLITS,
-        wmax=WAVES, c0=UNIT_OVERHEAD, fma=op.operands[0].type.dtype == DType.f32,
-        qregs=geo["D"] <= QREGS_MAX_D and op.operands[0].type.dtype != DType.f32,
-        scale=cnames.f32_literal(op.attr("scale")), rot=rot, style=op.attr("style"),
-        inv_freq=freq, norm=len(op.operands) == 8, eps=repr(float(op.attr("eps"))),
-        qkv=names[0], k_cache=names[1], v_cache=names[2], pos=names[3], lens=names[4],
-        o=names[5], q_norm=names[6] if len(names) > 6 else "",
-        k_norm=names[7] if len(names) > 7 else "", dim_B=batch_dim(op)) + "\n"
+        libs=libs.render_libs({"mma", "attention", "stream"}),
+        params=[kp.decl for kp in params], sync="__syncthreads()",
+        **template_vars(op, geo, threads, mb, names, freq)) + "\n"
+    w, c = buffers(op, geo, mb)
     return KernelSource(name=name, source=source, kernel=kernel, grid=op.attr("grid"),
                         cluster=1, threads=threads, smem_bytes=geo["smem"], params=tuple(params),
-                        workspace_floats=slots(mb, geo["KVH"] * geo["QB"], op.attr("grid")) *
-                        geo["GU"] * (geo["D"] + 2),
-                        counters=mb * geo["KVH"] * geo["QB"] + 1, resident=True,
+                        workspace_floats=w, counters=c + 1, resident=True,
                         persistent_units=op.attr("grid"), pdl=True)
+
+
+def buffers(op: Op, geo: dict, max_batch: int) -> tuple[int, int]:
+    """(workspace floats, counter words) of the units: a partial slot of GU·(D + 2) floats per
+    unit a launch may take (:func:`fusionc.ir.ops.tile_attn_units.slots`) and an arrival
+    counter per (row, KV head, query block)."""
+    units = geo["KVH"] * geo["QB"]
+    return slots(max_batch, units, op.attr("grid")) * geo["GU"] * (geo["D"] + 2), \
+        max_batch * units
+
+
+def template_vars(op: Op, geo: dict, threads: int, max_batch: int, names: list,
+                  freq: str) -> dict:
+    """The variables of ``attn_defs.cu.j2`` and ``attn_body.cu.j2`` for ``op`` (geometry
+    ``geo``, the C names of its operands ``names``, RoPE's frequencies ``freq``)."""
+    dt = op.operands[0].type.dtype
+    return dict(
+        stages=geo["stages"], T=cnames.ctype(dt), G=geo["G"], GU=geo["GU"], QB=geo["QB"],
+        D=geo["D"], H=geo["H"], KVH=geo["KVH"], S=geo["S"], tile=op.attr("tile"),
+        grid=op.attr("grid"), threads=threads, max_batch=max_batch, max_splits=MAX_SPLITS,
+        wmax=WAVES, c0=UNIT_OVERHEAD, fma=dt == DType.f32,
+        qregs=geo["D"] <= QREGS_MAX_D and dt != DType.f32,
+        scale=cnames.f32_literal(op.attr("scale")), rot=op.attr("rotary_dim"),
+        style=op.attr("style"), inv_freq=freq, norm=len(op.operands) == 8,
+        eps=repr(float(op.attr("eps"))), qkv=names[0], k_cache=names[1], v_cache=names[2],
+        pos=names[3], lens=names[4], o=names[5], q_norm=names[6] if len(names) > 6 else "",
+        k_norm=names[7] if len(names) > 7 else "", dim_B=batch_dim(op))
+
+
+PHASE_STAGES = 2   # cp.async stages per warp in an attention phase (the rest: the next ring)
+PHASE_THREADS = 256   # an attention phase runs on a streamed kernel's consumer warps
+
+
+def phase_geometry(op: Op, max_batch: int) -> dict:
+    """:func:`geometry` of an attention phase (:data:`PHASE_STAGES`, 256 threads)."""
+    return geometry(op, PHASE_THREADS, max_batch, PHASE_STAGES)
+
+
+def phase_code(kernel: Graph, op: Op, refs: dict, smem: str, ws: str, counters: str,
+               signal: str, wait: str = "", err: str = "") -> tuple[str, str]:
+    """(file-level definitions, the consumers' code) of the attention phase ``op`` of streamed
+    kernel ``kernel``: the units on the 256 consumer threads (named barrier 1, so the producer
+    warp streams on), in shared memory at ``smem``, slots at ``ws`` and arrival counters at
+    ``counters`` (C expressions); then each CTA signals counter word ``signal`` once. With
+    ``wait`` (a counter word), first a wait for the op's ``wait_target`` signals (the QKV
+    phase's flushes; bounded, setting error word ``err``)."""
+    from fusionc.codegen.streamed import COUNTER_TIMEOUT_NS
+    from fusionc.ir.ops.tile_attn_units import unsupported
+    mb = kernel.attr("max_batch")
+    geo = phase_geometry(op, mb)
+    bad = unsupported(op.operands[0].type.dtype, geo["H"], geo["KVH"], geo["D"])
+    if bad:
+        raise CompileError("attention units cannot take " + ", ".join(bad), op=op.name,
+                           loc=op.loc, valid="f16 or bf16, head_dim a multiple of 16")
+    names = [refs[v.name] for v in op.operands]
+    freq = ", ".join(cnames.f32_literal(float(f)) for f in inv_freq(
+        op.attr("theta"), op.attr("rotary_dim"), op.attr("scaling")).astype(np.float32))
+    tv = template_vars(op, geo, PHASE_THREADS, mb, names, freq)
+    tv["qregs"] = False   # 288 threads: 168 registers a thread (3 warps on an SM quarter)
+    defs = render("attn_defs.cu.j2", sync=f"fc_consumer_sync<{PHASE_THREADS}>()", **tv)
+    body = render("attn_body.cu.j2", smem=smem, ws=ws, counters=counters, **tv)
+    if wait:   # every QKV group stored (acquire): then the units read qkv with plain loads
+        body = (f"if (threadIdx.x == 0) fc_counter_wait<false>({wait}, "
+                f"{op.attr('wait_target')}u, {err}, {COUNTER_TIMEOUT_NS}ull);\n"
+                f"fc_consumer_sync<{PHASE_THREADS}>();\n" + body)
+    return defs, (body + f"\nfc_consumer_sync<{PHASE_THREADS}>();   // every store of o is done"
+                  f"\nif (threadIdx.x == 0) fc_counter_signal({signal});   // this CTA's units\n")
 
 
 def unit_params(kernel: Graph, op: Op) -> tuple:

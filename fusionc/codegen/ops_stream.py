@@ -27,6 +27,7 @@ class StreamCtx:
     views: dict = field(default_factory=dict)   # stage-view value -> C expression
     epilogues: list = field(default_factory=list)  # each flush's functor (stream.epilogue)
     phase: object = None           # the Phase being emitted (fusionc.codegen.streamed)
+    defs: str = ""                 # file-level code (an attention phase's geometry)
 
     def ptr(self, v) -> str:
         return self.refs[v.name]
@@ -173,7 +174,14 @@ def _fence(op, ctx):
 def _polls(op, ctx) -> bool:
     """Whether ``op``'s phase waits on chunks by warp polls (:func:`_cwait`)."""
     return op.attr("warp") == "producer" and any(
-        o.name == "counter_wait" and _is_poll(o) for o in ctx.phase.units.regions[0])
+        o.name == "counter_wait" and (_is_poll(o) or _once(o))
+        for o in ctx.phase.units.regions[0])
+
+
+def _once(op) -> bool:
+    """A wait on one signal per CTA (``scale = grid``: slot const, reset exit): once met it
+    stays met, so the producer waits at its first unit of the phase only."""
+    return op.attr("scale") == "grid"
 
 
 def _is_poll(op) -> bool:
@@ -290,7 +298,8 @@ def exit_code(ctx) -> tuple[str, str]:
             f"fc_counters + {first + n * CHUNK_STRIDE});")
     waits = [op for ph in p.phases for op in ph.units.regions[0]
              if op.name == "counter_wait" and op.attr("reset") == "exit"]
-    if all(_is_poll(op) for op in waits):
+    att = p.attention is not None and p.attention.attr("wait")   # the consumers' wait
+    if all(_is_poll(op) or _once(op) for op in waits) and not att:
         return f"if (fc_lane == 0) {call}", ""
     return "", ("fc_consumer_sync<256>();  // every consumer's last use of the counters is done\n"
                 f"if (threadIdx.x == 0) {call}")
@@ -345,9 +354,22 @@ def _cwait(op, ctx):
                            f"{SLOT_C[op.attr('slot')]} + {op.attr('index')}")
     if _is_poll(op):
         return _poll(op, ctx, err)
+    if _once(op):
+        return _wait_once(op, ctx, err)
     sub = "true" if op.attr("reset") == "wait" else "false"
     return (f"if ({_leader(op)}) fc_counter_wait<{sub}>({_counter(op, ctx)}, {target}, "
             f"{err}, {COUNTER_TIMEOUT_NS}ull);\n{_role_sync(op)}")
+
+
+def _wait_once(op, ctx, err) -> str:
+    """:func:`_once`'s wait: ``target`` signals per CTA of the launch, at the CTA's first unit
+    of the phase (each CTA has one: the grid is at most the phase's units)."""
+    from fusionc.codegen.streamed import COUNTER_TIMEOUT_NS
+    if "bool fc_polled" not in ctx.producer_setup:
+        ctx.producer_setup += "bool fc_polled = false;  // acquired since the last proxy fence\n"
+    return (f"if (fc_i == 0) {{\n  if ({_leader(op)}) fc_counter_wait<false>({_counter(op, ctx)},"
+            f" {op.attr('target')}u * gridDim.x, {err}, {COUNTER_TIMEOUT_NS}ull);\n"
+            f"  {_role_sync(op)}\n  fc_polled = true;\n}}")
 
 
 def _poll(op, ctx, err) -> str:

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass, field
 
 import fusionc
-from fusionc.codegen import cnames, libs
+from fusionc.codegen import attn_phase, cnames, libs
 from fusionc.codegen.context import CodegenOptions
 from fusionc.codegen.render import render
 from fusionc.codegen.source import KernelParam, KernelSource
@@ -45,7 +45,7 @@ TILE_ROWS = (ROWS, WIDE_ROWS)   # weight rows per tile the generator takes
 # keeps mma.sync for A/B runs, up to SYNC_MAX_ROWS (past them its fragments spill).
 SYNC_MAX_ROWS = 64
 CONSUMERS = 256           # consumer threads (8 warps): the thread maps of templates/lib/stream
-TOP_LEVEL = ("acc_alloc", "ring_alloc", "row_rms", "units")
+TOP_LEVEL = ("acc_alloc", "ring_alloc", "row_rms", "attn_units", "units")
 COUNTER_TIMEOUT_NS = 2_000_000_000
 CHUNK_STRIDE = 32   # words per chunk counter (reset = exit sets): one 128-byte L2 line each,
                     # so the polls of every CTA and the flushes' reds spread over L2 banks
@@ -63,6 +63,7 @@ class Phase:
     producer_setup: str = ""     # the producer's code before the phase's unit loop
     producer_body: str = ""
     consumer_body: str = ""
+    before: str = ""             # the consumers' code before the phase (an attention phase)
 
     @property
     def count(self) -> int:
@@ -100,6 +101,10 @@ class StreamPlan:
     rms_off: int = 0             # row_rms: max_batch floats, then 8 x max_batch (reduction)
     gamma_off: int = 0           # acc_gemv's norm weight, whole K chunks
     wgmma: bool = False          # the tensor-core path on wgmma (else mma.sync: FUSIONC_MMA)
+    attention: Op | None = None  # an attention phase's attn_units (fusionc.codegen.attn_phase)
+    att_counters: int = 0        # its arrival counters, shared memory, partial slots
+    att_smem: int = 0
+    att_ws: int = 0
 
     @property
     def count(self) -> int:
@@ -162,7 +167,8 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
         for ph in phases:
             _check_protocol(ph.units, ring)
     p = StreamPlan(kernel, phases, ring, path, rows, cols, mb,
-                   wgmma=path == "mma" and _mma_choice(g, mb, rows, path) == "wgmma")
+                   wgmma=path == "mma" and _mma_choice(g, mb, rows, path) == "wgmma",
+                   attention=attn_phase.attention_of(kernel))
     if kernel.attr("threads") != p.threads:
         raise CompileError(f"{kernel.attr('threads')} threads", op=kernel.name, loc=kernel.loc,
                            valid=f"{p.threads}: {CONSUMERS} consumer threads" +
@@ -242,6 +248,8 @@ def _plan_counters(p: StreamPlan) -> None:
             if op.name == "group_flush" and op.attr("signal"):
                 name = op.attr("signal")
                 sizes[name] = max(sizes.get(name, 0), -(-ph.groups // op.attr("per")))
+    if p.attention is not None and p.attention.attr("wait"):   # waited on by every CTA
+        exits.add(p.attention.attr("wait"))
     start = words
     for name in sorted(sizes, key=lambda n: n not in exits):   # exit sets first, together
         stride = CHUNK_STRIDE if name in exits else 1
@@ -251,7 +259,7 @@ def _plan_counters(p: StreamPlan) -> None:
     if n_exit:
         p.exit_counters = (start, n_exit)
         words += 1   # the exit count
-    p.words = words + 1   # the error word
+    p.words = attn_phase.plan_counters(p, words) + 1   # the error word last
 
 
 def _mma_choice(g: Op, max_batch: int, rows: int, path: str) -> str:
@@ -289,7 +297,7 @@ def _plan_smem(p: StreamPlan) -> None:
             staged[ph.gemv.operands[3].name] = gamma_elems(p, ph.gemv) * \
                 ph.gemv.operands[3].type.dtype.itemsize
     off += sum(staged.values())
-    p.smem = off
+    p.smem = attn_phase.plan_smem(p, off)
 
 
 def rms_rows(p: StreamPlan) -> int:
@@ -309,7 +317,7 @@ def workspace_floats(p: StreamPlan) -> int:
     per = 2 * p.kernel.attr("grid") * p.max_batch * p.rows
     for ph in p.phases:
         ph.ws_off = ph.index * per
-    return per * len(p.phases)
+    return attn_phase.workspace(p, per * len(p.phases))
 
 
 def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> KernelSource:
@@ -328,6 +336,7 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
     for op in p.kernel.body:
         if op.name == "row_rms":
             ctx.consumer_setup += ops_stream.row_rms(op, ctx)
+    attn_phase.setup(p, ctx)
     for ph in p.phases:
         ctx.phase = ph
         prod, cons = [], []
@@ -341,7 +350,9 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
     source = render(
         "streamed.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
         ir_lines=print_graph(kernel).splitlines(),
-        libs=libs.render_libs({"mma", "stream", "wgmma", "stream_flush"}),
+        libs=libs.render_libs({"mma", "stream", "wgmma", "stream_flush"} |
+                              ({"attention"} if p.attention is not None else set())),
+        defs=ctx.defs,
         name=name, params=[kp.decl for kp in params], threads=p.threads, smem=p.smem,
         count=p.count, phases=p.phases, ring=ring, producer=p.producer,
         producer_setup=ctx.producer_setup, consumer_setup=ctx.consumer_setup,
@@ -351,7 +362,8 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
     return KernelSource(name=name, source=source, kernel=kernel, grid=kernel.attr("grid"),
                         cluster=1, threads=p.threads, smem_bytes=p.smem, params=tuple(params),
                         workspace_floats=ws, counters=p.words, resident=bool(p.exit_counters),
-                        persistent_units=p.count, pdl=True)
+                        persistent_units=p.count if p.attention is None else
+                        p.attention.attr("grid"), pdl=True)
 
 
 def _block(op: Op, code: str) -> str:

@@ -207,16 +207,29 @@ def lower_core(core: AttentionCore, name: str, max_batch: int) -> Graph:
     rows = core.qkv.type.shape[0]   # a static batch above the bucket sizes the counters
     max_batch = max(max_batch, rows) if isinstance(rows, int) else max_batch
     b = KernelBuilder(name, core.attention.loc)
-    qkv, kc, vc, pos, lens = (b.param(v) for v in (core.qkv, *core.caches, core.positions,
-                                                    core.seq_lens))
+    emit_units(b, core, grid())
+    kc = core.caches[0]
+    return b.build(grid=grid(), cluster=1, threads=threads(kc.type.shape[3], kc.type.dtype),
+                   max_batch=max_batch)
+
+
+def emit_units(b: KernelBuilder, core: AttentionCore, ctas: int, signal: str = "",
+               wait: str = "", wait_target: int = 0) -> Value:
+    """Emit ``core``'s ``attn_units`` op into kernel builder ``b`` over at most ``ctas`` CTAs:
+    its parameters (``qkv`` an output of the kernel's QKV phase, if it has one), the caches
+    written in place, ``o_flat`` a pure output (returned). ``signal``, ``wait``,
+    ``wait_target``: an attention phase of a streamed kernel
+    (:func:`fusionc.lower.linear_v2.lower_chain`, :mod:`fusionc.ir.ops.tile_attn_units`)."""
+    qkv = next((v for v in b.pure if v.name == core.qkv.name), None) or b.param(core.qkv)
+    kc, vc, pos, lens = (b.param(v) for v in (*core.caches, core.positions, core.seq_lens))
     norms = tuple(b.param(v) for v in core.norms)
     o = b.output(core.out, pure=True)
     b.output(kc)
     b.output(vc)
     r = core.rope
     nt = threads(kc.type.shape[3], kc.type.dtype)
-    b.op("attn_units", qkv, kc, vc, pos, lens, o, *norms, grid=grid(), tile=STEP * nt // 32,
+    b.op("attn_units", qkv, kc, vc, pos, lens, o, *norms, grid=ctas, tile=STEP * nt // 32,
          scale=core.attention.attr("scale"), theta=r.attr("theta"), style=r.attr("style"),
          rotary_dim=r.attr("rotary_dim"), scaling=r.attr("scaling"), eps=core.eps,
-         loc=core.attention.loc)
-    return b.build(grid=grid(), cluster=1, threads=nt, max_batch=max_batch)
+         signal=signal, wait=wait, wait_target=wait_target, loc=core.attention.loc)
+    return o

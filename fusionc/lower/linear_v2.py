@@ -99,7 +99,7 @@ def lower_linear(op: Op, name: str, max_batch: int, grid: int | None = None,
 
 
 def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None,
-                rows: int = ROWS) -> Graph:
+                rows: int = ROWS, attention=None) -> Graph:
     """One streamed kernel of a chain of linears (:func:`fusionc.lower.match_v2.chains`): a
     ``units`` region (phase) per linear, in order; phase ``p + 1`` reads phase ``p``'s output
     in K chunks whose producer groups' flushes signal a counter per chunk (``group_flush
@@ -108,7 +108,15 @@ def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None,
     phase (``head_linear``: ``acc_gemv {head_rows, head_cols}``) whose heads are no multiple of
     ``rows`` makes the kernel take 64-row tiles. A sibling phase
     (:func:`fusionc.lower.match_v2.sibling`) reads the first phase's x through its prologue,
-    with no wait. Arguments as :func:`lower_linear`; LoweringError as :func:`check_linear`."""
+    with no wait. ``attention``: an attention core (:class:`fusionc.lower.attention_v2.
+    AttentionCore`) whose ``o_flat`` the last linear of ``specs`` reads (the output
+    projection), its ``qkv`` the linear before it if any (the QKV projection): its
+    ``attn_units`` op runs between them as the kernel's attention phase, on the consumer
+    warps, after every group flush of the QKV phase (``group_flush {signal = qkv}``,
+    ``attn_units {wait = qkv}``), each CTA then signalling counter ``attn`` once; the
+    projection's producer streams its first weight stages meanwhile and waits for every CTA's
+    signal (``counter_wait {scale = grid}``) before its activation boxes. Arguments as
+    :func:`lower_linear`; LoweringError as :func:`check_linear`."""
     ops = [s.linear for s in specs]
     if any(s.head_rows % rows for s in specs):
         rows = ROWS   # a head of 64 rows: 64-row tiles stay inside one head
@@ -121,26 +129,44 @@ def lower_chain(specs: list, name: str, max_batch: int, grid: int | None = None,
         _check_rows(op, rows)
     b = KernelBuilder(name, ops[0].loc)
     first = specs[0]
-    norm = ()
-    if first.norm is not None:
+    norm, px = (), None
+    grid = grid or H200.sms
+    if attention is None:   # the attention units use every CTA; a CTA without units idles
+        grid = min(max(_geometry(s, rows)[0] for s in specs), grid)
+    at = len(specs) - 1 if attention is not None else -1   # the phase after the attention
+    if at != 0 and first.norm is not None:
         x0, gamma = first.norm.operands[0], first.norm.operands[1]
         px, pg = b.param(x0), b.param(gamma)
         norm = (pg, b.op("row_rms", px, eps=first.norm.attr("eps"), hint="rms",
                          loc=first.norm.loc))
-    else:
+    elif at != 0:
         px = b.param(first.xin)
-    acc = b.op("acc_alloc", types=[TensorType(DType.f32, (px.type.shape[0], rows))],
-               hint="acc")
-    count, x0, norm0 = 0, px, norm
+    acc = b.op("acc_alloc", types=[TensorType(DType.f32, (ops[0].operands[0].type.shape[0],
+                                                           rows))], hint="acc")
+    x0, norm0 = px, norm
     reads = [i > 0 and specs[i].xin.name == specs[i - 1].out.name for i in range(len(specs))]
     for i, spec in enumerate(specs):   # a phase reads the previous one's output, or x0
+        if i == at:
+            from fusionc.lower.attention_v2 import emit_units
+            groups = _groups(specs[i - 1], rows) if i else 0
+            o = emit_units(b, attention, grid, signal=ATTENTION_SIGNAL,
+                           wait=QKV_SIGNAL if i else "", wait_target=groups)
         nxt = specs[i + 1] if i + 1 < len(specs) and reads[i + 1] else None
         prev = specs[i - 1] if reads[i] else None
-        px, c = _phase(b, spec, acc, px if prev else x0, () if prev else norm0, i, nxt, prev,
-                       rows)
-        count = max(count, c)
-    grid = min(count, grid or H200.sms)
+        x, nrm = (o, ()) if i == at else (px if prev else x0, () if prev else norm0)
+        px, _ = _phase(b, spec, acc, x, nrm, i, nxt, prev, rows, after_attention=i == at,
+                       signal_all=QKV_SIGNAL if i == at - 1 else "")
     return b.build(grid=grid, cluster=1, threads=256, max_batch=max_batch)
+
+
+def _groups(spec, rows: int) -> int:
+    """Output groups (row blocks) of one linear's phase."""
+    count, kt, _ = _geometry(spec, rows)
+    return -(-count // kt)
+
+
+ATTENTION_SIGNAL = "attn"   # the counter an attention phase's CTAs signal (lower_chain)
+QKV_SIGNAL = "qkv"          # the counter a QKV phase's flushes signal for an attention phase
 
 
 def _check_rows(op: Op, rows: int) -> None:
@@ -161,8 +187,9 @@ def _geometry(spec, rows: int) -> tuple[int, int, int]:
 
 
 def _phase(b: KernelBuilder, spec, acc: Value, px: Value, norm: tuple, i: int, nxt, prev,
-           rows: int):
-    """Emit the units region of one linear; returns (its output, its units)."""
+           rows: int, after_attention: bool = False, signal_all: str = ""):
+    """Emit the units region of one linear; returns (its output, its units). ``signal_all``:
+    every group flush signals that counter's one slot (an attention phase waits on them)."""
     op = spec.linear
     w = op.operands[1]
     bias = op.operands[2] if len(op.operands) == 3 else None
@@ -183,7 +210,12 @@ def _phase(b: KernelBuilder, spec, acc: Value, px: Value, norm: tuple, i: int, n
     if nxt is not None:   # the next phase reads py in K chunks of `per` groups' columns
         per = tile_cols(nxt.linear.operands[1].type.dtype) // half
         signal = {"signal": f"ready{i}", "per": per}
+    if signal_all:
+        signal = {"signal": signal_all, "per": -(-count // kt)}
     with _units(b, count, kt):
+        if after_attention:   # x is o_flat: every CTA's attention units are done
+            _attr_op(b, "counter_wait", op.loc, name=ATTENTION_SIGNAL, slot="const", target=1,
+                     scale="grid", reset="exit", warp="producer")
         if prev is not None:
             pcount, pkt, phalf = _geometry(prev, rows)
             _attr_op(b, "counter_wait", op.loc, name=f"ready{i - 1}", slot="step",

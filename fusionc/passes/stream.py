@@ -2,7 +2,7 @@
 plan of streamed persistent kernels (``lowering = v2``). Each shows in ``fusionc ir --after
 NAME``:
 
-``partition-units{max_batch, grid, chain = true, siblings = true, rows = 64}``
+``partition-units{max_batch, grid, chain = true, siblings = true, rows = 64, attention_o = false, attention_qkv = true}``
     Every ``linear`` of a graph becomes a streamed kernel (:mod:`fusionc.lower.linear_v2`):
     ``acc_alloc``, then ``units {count, group}`` with ``acc_gemv`` on the global tiles and
     ``group_flush``; the graph launches it. With ``chain``, linears that feed each other
@@ -21,7 +21,11 @@ NAME``:
     name. A batch bucket past the fused kernels' is refused
     by name; ``fusionc.compile``'s default takes the library path there. ``rows``: weight rows
     per tile, 64 or 128 (tensor cores: one warpgroup per 64 rows over whole chunks, so each
-    activation box serves twice the weight rows).
+    activation box serves twice the weight rows). With ``attention_o``, an attention core and
+    its output projection share one kernel (:func:`fusionc.lower.attention_o.fused_attention`): the ``attn_units`` op
+    first (the consumer warps), then the projection's units, whose producer streams its first
+    weight stages while the attention runs and waits on one signal per CTA
+    (``counter_wait {scale = grid}``) before it copies ``o_flat``.
 ``stream-plan{stages}``
     Where TMA can copy the rows (row bytes a multiple of 16), the tiles come through a ring:
     ``ring_alloc``, ``ring_issue`` (the producer's copies), ``ring_stage`` views read by
@@ -47,6 +51,7 @@ from fusionc.ir.ops.comm import host_collective
 from fusionc.ir.nodes import Graph, Module, Op, SymbolRef, Value
 from fusionc.ir.registry import lookup
 from fusionc.ir.types import TensorType
+from fusionc.lower.attention_o import fits_two_stages, fused_attention, launch_values
 from fusionc.lower.linear_v2 import ROWS, WIDE_ROWS
 from fusionc.passes.attention_units import core_kernel, kernel_name, unit_cores
 from fusionc.passes.base import Pass, register_pass
@@ -58,6 +63,10 @@ V2_PIPELINE = ("fold-views,fuse-allreduce-norm,partition-units{{max_batch={mb}}}
 
 
 CHAIN_ABOVE_ROWS = 8   # chained linears share a kernel above this batch bucket (see below)
+# The attention block in one kernel (partition-units{attention_o}) is off by default until it
+# has run on a GPU (BENCHMARKS.md, fifteenth session: correct in the simulator, built without
+# spills; not yet measured).
+FUSE_ATTENTION = False
 
 
 def v2_pipeline(max_batch: int, chain: bool | None = None, rows: int = ROWS) -> str:
@@ -106,6 +115,8 @@ class PartitionUnits(Pass):
     chain: bool = True     # chained linears as phases of one kernel (match_v2.chains)
     siblings: bool = True  # linears reading the same x as phases of one kernel (no waits)
     rows: int = ROWS       # weight rows per tile (or WIDE_ROWS: tensor cores)
+    attention_o: bool = FUSE_ATTENTION   # an attention core and its O projection: one kernel
+    attention_qkv: bool = True   # ... and its QKV projection (with attention_o)
 
     def check_options(self) -> None:
         """PassError for a batch bucket < 1, a negative grid (0: one CTA per SM) or tiles of
@@ -126,6 +137,12 @@ class PartitionUnits(Pass):
                 hosts.append(host)
         return Module(tuple(items + hosts))
 
+    def _probe(self, core, specs: list) -> bool:
+        """Whether ``core`` and its projections ``specs`` fit one kernel (two ring stages)."""
+        from fusionc.lower.linear_v2 import lower_chain
+        return fits_two_stages(lower_chain(specs, "probe", self.max_batch, self.grid or None,
+                                           self.rows, attention=core))
+
     def partition(self, g: Graph, module: Module) -> tuple[list[Graph], Graph]:
         """The kernels of graph ``g`` (:func:`fusionc.lower.match_v2.linear_kernels`) and ``g``
         launching them; LoweringError for an op no kernel takes."""
@@ -142,6 +159,10 @@ class PartitionUnits(Pass):
         folded = {id(o) for k in specs.values() for o in k.absorbed}
         folded |= {id(k.norm) for k in specs.values() if k.norm is not None}
         folded |= {id(o) for c in cores.values() for o in c.absorbed}
+        fused = fused_attention(g, cores, specs, chain_of, self._probe, self.attention_qkv) \
+            if self.attention_o else {}
+        in_block = {id(s.linear) for f in fused.values() for s in f.specs}
+        in_block |= {id(f.attention) for f in fused.values()}
         made = {p.name for p in g.params}
         kernels, body = [], []
         for i, op in enumerate(g.body):
@@ -154,6 +175,8 @@ class PartitionUnits(Pass):
                 made.update(r.name for r in op.results)   # a tile-IR kernel of the input
                 body.append(op)
                 continue
+            if id(op) in in_block and id(op) not in fused:
+                continue   # launched with its output projection
             if id(op) in cores:
                 k, launch = core_kernel(cores[id(op)], kernel_name(g, i, module), made,
                                         self.max_batch)
@@ -196,10 +219,11 @@ class PartitionUnits(Pass):
             chain = chain_of[id(op)]
             if chain[0] is not specs[id(op)]:
                 continue   # a later phase of the kernel launched at the chain's first linear
-            k = lower_chain(chain, kernel_name(g, i, module), self.max_batch,
-                            self.grid or None, self.rows)
-            outs = tuple(c.out for c in chain)
-            ins = k.params[:len(k.params) - len(outs)]
+            block = fused.get(id(op))
+            core = cores[id(block.attention)] if block else None
+            k = lower_chain(list(block.specs) if block else chain, kernel_name(g, i, module),
+                            self.max_batch, self.grid or None, self.rows, attention=core)
+            outs, ins = launch_values(k, core)
             for v in ins:
                 if v.name not in made:
                     raise LoweringError(f"%{v.name} is folded into another kernel, but "

@@ -45,7 +45,7 @@ def run_streamed(kernel: Graph, memory: GlobalMemory, env: dict, grid: int | Non
                              valid=f"{sym} <= {mb}, or a kernel compiled for a larger bucket")
     g = UnitSchedule.launch_grid(count, grid or min(VIRTUAL_GRID, kernel.attr("grid")))
     state = Grid([UnitSchedule(op.attr("count"), op.attr("group"), min(g, op.attr("count")))
-                  for op in phases])
+                  for op in phases], size=g)
     rng = random.Random(seed)
     coros: list[list] = []   # [generator, pending Block or None]
     for cid in range(g):
@@ -78,8 +78,11 @@ def _cta_program(kernel: Graph, phases: list, cta: CTA, coros: list) -> Iterator
     epilogue ops."""
     body = list(kernel.body)
     at, end = body.index(phases[0]), body.index(phases[-1])
-    yield from _run(body[:at], cta, "consumer")
-    roles = [[_role(phases, cta, r), None] for r in ("producer", "consumer")]
+    yield from _run([op for op in body[:at] if op.name != "attn_units"], cta, "consumer")
+    idx = [body.index(u) for u in phases]   # an attention phase: the consumers', before a phase
+    between = [[op for op in body[:at] if op.name == "attn_units"]] + \
+        [body[a + 1:b] for a, b in zip(idx, idx[1:])]
+    roles = [[_role(phases, cta, r, between), None] for r in ("producer", "consumer")]
     coros.extend(roles)
     while any(r[0] is not None for r in roles):
         yield Block(lambda: all(r[0] is None for r in roles), f"CTA {cta.gid} joins its warps",
@@ -87,11 +90,16 @@ def _cta_program(kernel: Graph, phases: list, cta: CTA, coros: list) -> Iterator
     yield from _run(body[end + 1:], cta, "consumer")
 
 
-def _role(phases: list, cta: CTA, role: str) -> Iterator:
+def _role(phases: list, cta: CTA, role: str, between: list) -> Iterator:
     """One role (producer or consumers) over the CTA's units of each phase in turn; ``j``, the
-    ring's stage index, runs on over the phases (as in the generated kernel)."""
+    ring's stage index, runs on over the phases (as in the generated kernel). The consumers
+    run the top-level ops between phase ``p - 1`` and ``p`` (``between[p]``: an attention
+    phase) before phase ``p``'s units."""
     j = 0
     for p, uop in enumerate(phases):
+        if role == "consumer" and between[p]:
+            cta.stream.phase[role] = p
+            yield from _run(between[p], cta, role)
         ops = [op for op in uop.regions[0] if in_producer(op) == (role == "producer")]
         for u in cta.stream.grid.scheds[p].units(cta.gid):
             cta.stream.pos[role] = (j, u)
@@ -136,7 +144,8 @@ def _resume(gen: Iterator, cta: CTA, role: str):
 def _hang(kernel: Graph, blocks: list[Block | None]) -> None:
     waits = [b for b in blocks if b is not None]
     signals = {op.attr("name") for op in kernel.walk() if op.name == "counter_signal"}
-    signals |= {op.attr("signal") for op in kernel.walk() if op.name == "group_flush"}
+    signals |= {op.attr("signal") for op in kernel.walk()
+                if op.name in ("group_flush", "attn_units")}
     for b in waits:
         if b.counter is not None and b.counter[0] not in signals:
             raise SimulationError(f"a counter nothing signals: {b.what}, and no counter_signal "

@@ -84,6 +84,7 @@ class Grid:
     released: dict = field(default_factory=dict)   # counter -> CTAs whose writes it publishes
     partials: dict = field(default_factory=dict)   # (output, group) -> {cta: partial}
     copies: list = field(default_factory=list)
+    size: int = 0                # CTAs of the launch (counter_wait {scale = grid})
 
 
 def hazard(name: str, op, detail: str, valid: str) -> SimulationError:
@@ -105,6 +106,7 @@ class StreamCTA:
         # (the producer reads its own consumers' stores only after acquiring them, too)
         self.visible = {"producer": set(), "consumer": {cta.gid}}
         self.outputs = {op.operands[1].name for op in kernel.walk() if op.name == "group_flush"}
+        self.outputs |= {op.operands[5].name for op in kernel.body if op.name == "attn_units"}
         self.proxy_dirty = {"producer": False, "consumer": False}
         from fusionc.ir.ops.tile_units import phases_of
         self.phases = phases_of(kernel)
@@ -336,15 +338,20 @@ class StreamCTA:
         return (op.attr("name"), base + op.attr("index"))
 
     def signal(self, op, args):
-        key = self._slot(op)
+        self.add(self._slot(op))
+        return ()
+
+    def add(self, key: tuple) -> None:
+        """Release what the current role sees, then add 1 to counter ``key`` (name, slot)."""
         self.grid.counters[key] = self.grid.counters.get(key, 0) + 1
         self.grid.released.setdefault(key, set()).update(self.visible[self.role])
-        return ()
 
     def counter_wait(self, op, args):
         from fusionc.stream.schedule import wait_target
         key = self._slot(op)
         target = wait_target(op.attr("target"), op.attr("total"), key[1])
+        if op.attr("scale") == "grid":   # one signal per CTA of the launch
+            target *= self.grid.size
         yield Block(lambda: self.grid.counters.get(key, 0) >= target, f"CTA {self.cta.gid} "
                     f"waits for {key[0]}[{key[1]}] >= {target}", op, key)
         if op.attr("reset") == "wait":   # reset = exit: the kernel's last CTA zeroes the set
@@ -353,6 +360,20 @@ class StreamCTA:
         self.visible[role] |= self.grid.released.get(key, set())
         self.proxy_dirty[role] = True
         return ()
+
+    def acquire(self, op, name: str, target: int):
+        """Wait (a blocking rule's generator) until counter ``name[0]`` reaches ``target``, then
+        see what its signallers released (an attention phase's wait on the QKV flushes)."""
+        key = (name, 0)
+        yield Block(lambda: self.grid.counters.get(key, 0) >= target, f"CTA {self.cta.gid} "
+                    f"waits for {name}[0] >= {target}", op, key)
+        self.visible[self.role] |= self.grid.released.get(key, set())
+
+    def global_rows(self, op, name: str) -> np.ndarray:
+        """All of ``name`` ([B, N]) as this role sees it: a read of a flush's output (this
+        launch's) needs the writes acquired (:meth:`_read`)."""
+        shape = self.cta.memory.arrays[name].shape
+        return self._read(op, name, 0, shape[0], 0, shape[1], role="x").reshape(shape)
 
     def _block(self, ready, op, what):
         def gen():

@@ -51,19 +51,22 @@ V2_SIZES = dict(hidden=256, heads=8, kv_heads=4, head_dim=64, intermediate=512)
 
 
 @pytest.mark.parametrize("tp,kv_heads,batch", [(2, 4, 1), (2, 2, 3), (4, 4, 2)])
-def test_on_v2_the_collectives_sit_between_the_streamed_kernels(tp, kv_heads, batch):
-    """The default lowering of a TP layer: QKV (RMSNorm prologue), the attention units, O,
-    then all_reduce_add_rms_norm, gate/up (no prologue: the collective normed), down, then
-    all_reduce_add; over simulated ranks the kernels compute what the interpreter does."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_on_v2_the_collectives_sit_between_the_streamed_kernels(tp, kv_heads, batch, fused):
+    """The default lowering of a TP layer: QKV (RMSNorm prologue), the attention units, O
+    (``fused``: all in one kernel, ``partition-units{attention_o}``), then all_reduce_add_rms_norm, gate/up (no prologue: the collective normed),
+    down, then all_reduce_add; over simulated ranks the kernels compute what the interpreter
+    does."""
     from fusionc.interp.numerics import defined_relative_error
     from fusionc.runtime.pipelines import v2_default_pipeline
     sizes = dict(V2_SIZES, kv_heads=kv_heads)
     layer = tp_layer_block(tp=tp, max_seq=16, eps=1e-5, theta=10000.0, dtype="f16", **sizes)
     g = layer.graphs[0]
-    low = run_pipeline(layer, v2_default_pipeline(g, batch))
+    pipe = v2_default_pipeline(g, batch)
+    low = run_pipeline(layer, pipe.replace("}", ", attention_o=true}", 1) if fused else pipe)
     names = [op.name for op in low["layer"].body]
-    assert names == ["launch"] * 3 + ["all_reduce_add_rms_norm"] + ["launch"] * 2 + \
-        ["all_reduce_add"]
+    assert names == ["launch"] * (1 if fused else 3) + ["all_reduce_add_rms_norm"] + \
+        ["launch"] * 2 + ["all_reduce_add"]
     rng = np.random.default_rng(tp + batch)
     att, mlp, ai, mi = _full(rng, batch, sizes)
     ins = [shard_layer(ai, mi, r, tp, **{k: v for k, v in sizes.items() if k != "hidden"})

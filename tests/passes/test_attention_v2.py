@@ -18,6 +18,11 @@ from fusionc.sim import simulate
 from tests.passes.graphs import example, inputs, rel_err
 
 
+def UNFUSED(max_batch):
+    """The v2 pipeline with the attention units in a kernel of their own."""
+    return v2_pipeline(max_batch).replace("}", ", attention_o=false}", 1)
+
+
 TOL = {"f16": 2e-3, "bf16": 8e-3, "f32": 1e-4}   # 2 units roundoff (f16: 2^-11 · 4, bf16: 2^-8 · 2)
 
 
@@ -48,7 +53,7 @@ def tiny(tail=None, B="B", **rope):
 
 
 def test_partition_units_makes_qkv_units_and_o_projection_kernels():
-    low = run_pipeline(block(), "fold-views,partition-units{max_batch=4}")
+    low = run_pipeline(block(), "fold-views,partition-units{max_batch=4, attention_o=false}")
     host = low["attention"]
     assert [op.name for op in host.body] == ["launch"] * 3
     qkv, core, oproj = host.body
@@ -192,7 +197,7 @@ def test_units_refuse_f32_past_head_dim_192_by_name():
                                       ("f32", dict(head_dim=192, heads=4, kv_heads=2))])
 def test_attention_units_compile_without_spills(dtype, kw):
     from fusionc.codegen.compile import compile_kernel
-    low = run_pipeline(block(dtype, **kw), v2_pipeline(16))
+    low = run_pipeline(block(dtype, **kw), UNFUSED(16))
     k = next(g for g in low.graphs if g.kind == "kernel" and g.body[0].name == "attn_units")
     ck = compile_kernel(k)
     assert ck.spills == 0, ck.report()

@@ -44,7 +44,7 @@ def test_mlp_is_one_kernel_of_two_phases_with_prologue_pair_and_residual():
     assert p1.attr("count") == 7 * 2  # ⌈200/32⌉·2
     wait, gemv2, flush2 = p2.regions[0]
     assert dict(wait.attrs) == {"name": "ready0", "slot": "step", "index": 0, "warp": "producer",
-                                "target": 4, "total": 7, "reset": "exit"}
+                                "target": 4, "total": 7, "reset": "exit", "scale": "one"}
     assert gemv2.operands[1].name == flush.operands[1].name == "act"
     assert flush2.attr("epilogue") == "round_bf16,add" and flush2.operands[2].name == "x"
     assert [op.name for op in m["mlp"].body] == ["launch"]

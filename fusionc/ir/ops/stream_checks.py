@@ -128,10 +128,11 @@ def check_phases(graph) -> None:
     body = list(graph.body)
     phases = phases_of(graph)
     at = [i for i, o in enumerate(body) if lookup(o.name).has("units")]
-    if at and at != list(range(at[0], at[0] + len(at))):
-        between = body[next(i for i in range(at[0], at[-1]) if i not in at)]
-        fail(between, "an op between two units regions",
-             "units regions one after the other (a phase's setup goes before the first)")
+    stray = [body[i] for i in range(at[0], at[-1]) if i not in at and
+             body[i].name != "attn_units"] if at else []
+    if stray:
+        fail(stray[0], "an op between two units regions", "units regions one after the other "
+             "(a phase's setup goes before the first), or an attention phase (attn_units)")
     rings = [o for o in body if o.name == "ring_alloc"]
     if len(rings) > 1:
         fail(rings[1], "a second ring_alloc", "one ring per kernel, shared by its phases")
@@ -143,6 +144,8 @@ def check_phases(graph) -> None:
             if f.attr("signal"):
                 signals[f.attr("signal")] = (p, f, gemv, u)
     named = signals.keys() | {o.attr("name") for o in graph.walk() if o.name == "counter_signal"}
+    att = {o.operands[5].name: o.attr("signal") for o in body if o.name == "attn_units"}
+    named |= set(att.values()) - {""}
     for p, u in enumerate(phases):
         region = list(u.regions[0])
         for w in (o for o in region if o.name == "counter_wait"):
@@ -153,6 +156,46 @@ def check_phases(graph) -> None:
         for w in waits:
             _check_chunk_wait(w, p, u, region, signals[w.attr("name")], len(waits))
         _check_reads(p, region, written)
+        _check_attention_reads(region, att)
+    for o in (o for o in body if o.name == "attn_units"):
+        _check_attention_wait(o, written, signals, body)
+
+
+def _check_attention_wait(op, written, signals, body) -> None:
+    """An attention phase that reads ``qkv`` written by an earlier phase of the kernel waits
+    for every group flush of it (``wait`` = that flush's signal, with one slot: ``per`` = its
+    groups; ``wait_target`` = its groups), and waits on nothing else."""
+    qkv = op.operands[0].name
+    if qkv not in written and not op.attr("wait"):
+        return
+    want = "attn_units {wait = S, wait_target = G} after a phase whose group_flush of qkv has " \
+           "signal = S, per = G (its G groups, one slot)"
+    if qkv not in written or not op.attr("wait"):
+        fail(op, f"an attention phase reading %{qkv} with wait = {op.attr('wait')!r}", want)
+    p, flush = written[qkv]
+    u = signals.get(op.attr("wait"), (None, None, None, None))[3]
+    groups = -(-u.attr("count") // u.attr("group")) if u is not None else 0
+    if flush.attr("signal") != op.attr("wait") or flush.attr("per") != groups or \
+            op.attr("wait_target") != groups or body.index(u) > body.index(op):
+        fail(op, f"wait = {op.attr('wait')!r}, wait_target = {op.attr('wait_target')} on a "
+                 f"flush of {groups} groups with signal {flush.attr('signal')!r}, per = "
+                 f"{flush.attr('per')}", want)
+
+
+def _check_attention_reads(region, att: dict) -> None:
+    """A phase that reads an attention phase's ``o`` (``att``: o → its signal) waits first for
+    one signal per CTA (``counter_wait {name = signal, scale = grid}``, before its ring_issue)."""
+    for k, op in enumerate(region):
+        if op.name != "ring_issue" or op.operands[2].name not in att:
+            continue
+        sig = att[op.operands[2].name]
+        if not sig or not any(o.name == "counter_wait" and o.attr("name") == sig and
+                              o.attr("scale") == "grid" and o.attr("warp") == "producer"
+                              for o in region[:k]):
+            fail(op, f"a phase reads the attention units' %{op.operands[2].name} with no wait "
+                     "on every CTA's signal", "attn_units {signal = NAME}, then counter_wait "
+                     "{name = NAME, slot = const, scale = grid, reset = exit, warp = producer}, "
+                     "fence_proxy_async, ring_claim, ring_issue")
 
 
 def _check_reads(p, region, written) -> None:

@@ -37,6 +37,16 @@ SM, whatever the head counts (issue 22).
     own CTA count. The merging CTA reads all of a row's slots (splits · G · (D + 2) floats:
     528 KB at G·D = 2048 and 64 chunks), measured 1.8× slower than merge items spread over the
     CTAs at such rows (BENCHMARKS.md, issue 22 step 3).
+
+    **An attention phase** (``signal = NAME``): the op may also stand at the top level of a
+    streamed kernel (:mod:`fusionc.ir.ops.tile_units`), before its ``units`` regions, run by
+    the consumer warps while the producer warp already streams the next phase's weights
+    (the output projection's). Its CTAs are then the launch's (``grid`` is the most), and once
+    a CTA's units are done it releases (GPU scope) and adds 1 to counter ``NAME[0]``: the next
+    phase waits for one signal per CTA (``counter_wait {scale = grid}``) before it reads ``o``.
+    Between two ``units`` regions, after a QKV phase (``wait = NAME, wait_target = N``): every
+    CTA's threads first wait (acquire, GPU scope, bounded) until counter ``NAME[0]`` reaches
+    ``N``, the QKV phase's group flushes (``group_flush {signal = NAME}``: one signal a group).
 """
 from __future__ import annotations
 
@@ -48,7 +58,7 @@ from fusionc.interp.numerics import round_to
 from fusionc.ir.ops.norm import rms_norm_values
 from fusionc.ir.ops.rope import rope_values
 from fusionc.ir.ops.tile_memory import K, param_of
-from fusionc.ir.registry import (FLOAT, FLOATS, POS_INT, Cost, OpDef, attr, enum,
+from fusionc.ir.registry import (FLOAT, FLOATS, NONNEG_INT, POS_INT, STR, Cost, OpDef, attr, enum,
                                  fail, register)
 from fusionc.ir.types import FLOAT_DTYPES, DType
 
@@ -184,9 +194,15 @@ def _infer(op):
 
 def verify_units(op, graph, module):
     """Every tensor is a kernel parameter; ``grid`` is the kernel's CTAs (``attn_units`` and
-    ``mla_units``)."""
+    ``mla_units``); ``signal`` and ``wait`` only in an attention phase of a streamed kernel."""
+    phase = graph is not None and any(o.name == "units" for o in graph.body)
     for v in op.operands:
         param_of(op, graph, v, f"{op.name} operands")
+    if op.name == "attn_units" and graph is not None and not phase and \
+            (op.attr("signal") or op.attr("wait")):
+        fail(op, f"signal = {op.attr('signal')!r}, wait = {op.attr('wait')!r} in a kernel "
+                 "without units regions", "signal and wait only in an attention phase of a "
+                 "streamed kernel (attn_units before or between its units regions)")
     if graph is not None and op.attr("grid") != graph.attr("grid") * graph.attr("cluster"):
         fail(op, f"grid = {op.attr('grid')} on {graph.attr('grid')} x "
              f"{graph.attr('cluster')} CTAs", "grid = the kernel's CTAs")
@@ -218,13 +234,33 @@ def _rope(op, x, pos, dt):
 
 
 def _simulate(op, args, cta):
+    """This CTA's units (:func:`_units`). In an attention phase (a streamed kernel's CTA) a
+    blocking rule: the scheduler runs other coroutines between its units and while it waits
+    for the QKV phase's flushes (``wait``)."""
+    gen = _units(op, cta)
+    if getattr(cta, "stream", None) is not None:
+        return gen
+    try:   # a kernel of its own: nothing else runs beside it
+        while True:
+            next(gen)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _units(op, cta):
     """This CTA's units ``gid``, ``gid + grid``, ...; partials in ``memory.attn_slots``,
     merged by the last unit of each (b, h), in chunk order."""
     mem = cta.memory
-    qkv, pos, lens, *norms = (mem.read(v.name, (Ellipsis,), cta, op)
-                              for v in op.operands[:1] + op.operands[3:5] + op.operands[6:])
+    stream = getattr(cta, "stream", None)   # an attention phase: the launch's CTAs
+    if op.attr("wait"):
+        yield from stream.acquire(op, op.attr("wait"), op.attr("wait_target"))
+    pos, lens, *norms = (mem.read(v.name, (Ellipsis,), cta, op)
+                         for v in op.operands[3:5] + op.operands[6:])
+    name = op.operands[0].name
+    qkv = stream.global_rows(op, name) if stream is not None and name in stream.outputs \
+        else mem.read(name, (Ellipsis,), cta, op)
     _, kc, o, kvh, d = _shapes(op)
-    S, grid = kc.shape[1], op.attr("grid")
+    S, grid = kc.shape[1], stream.grid.size if stream is not None else op.attr("grid")
     group = o.shape[1] // d // kvh
     qb_n, rows = q_blocks(group), block_rows(group)
     L, splits = split_plan(lens, kvh * qb_n, grid, S, op.attr("tile"))
@@ -252,6 +288,10 @@ def _simulate(op, args, cta):
             at = (h * group + qb * rows) * d
             mem.write(op.operands[5].name, (b, slice(at, at + out.size)), out.reshape(-1), cta,
                       op, o.dtype)
+        if stream is not None:
+            yield None   # a scheduling point after every unit
+    if op.attr("signal"):
+        stream.add((op.attr("signal"), 0))
     return ()
 
 
@@ -311,5 +351,9 @@ register(OpDef(
      attr("scale", FLOAT), attr("theta", FLOAT),
      attr("style", enum("neox", "gptj"), "neox"), attr("rotary_dim", POS_INT),
      attr("scaling", FLOATS, ()), attr("eps", FLOAT, 1e-6, doc="QK-norm epsilon"),
-     attr("tile", POS_INT, TILE, doc="tokens per chunk step")),
+     attr("tile", POS_INT, TILE, doc="tokens per chunk step"),
+     attr("signal", STR, "", omit=True,
+          doc="counter a CTA signals once its units are done (an attention phase)"),
+     attr("wait", STR, "", omit=True, doc="counter waited on before qkv is read"),
+     attr("wait_target", NONNEG_INT, 0, omit=True, doc="signals the wait needs")),
     _infer, where=K, simulate=_simulate, verify=verify_units, cost=_cost))

@@ -57,6 +57,9 @@
     (one waiter per slot); ``reset = exit``: any number of waiters, and the last CTA to leave
     the kernel sets the counter set back to zero. A wait may only wait on units with lower
     tickets (earlier units or earlier phases), so that it cannot deadlock on a resident grid.
+    ``scale = grid``: the target is ``target`` signals per CTA of the launch (an attention
+    phase's CTAs each signal once: ``attn_units {signal}``); only with ``slot = const`` and
+    ``reset = exit``, where the wait is done once per phase (it stays met).
 """
 from __future__ import annotations
 
@@ -264,10 +267,16 @@ register(OpDef("counter_signal", __doc__, (), _slot, lambda op: (), where=K,
 def _verify_wait(op, graph, module):
     from fusionc.ir.ops.stream_checks import inside_units
     inside_units(op, graph)
+    if op.attr("scale") == "grid" and (op.attr("slot"), op.attr("reset"), op.attr("total")) != \
+            ("const", "exit", 0):
+        fail(op, f"scale = grid with slot = {op.attr('slot')}, reset = {op.attr('reset')}, "
+                 f"total = {op.attr('total')}", "scale = grid only with slot = const, "
+                 "reset = exit and no total")
 
 
 register(OpDef("counter_wait", __doc__, (), _slot + (
                    attr("target", POS_INT, 1), attr("total", NONNEG_INT, 0, omit=True),
-                   attr("reset", enum("wait", "exit"), "wait", omit=True)),
+                   attr("reset", enum("wait", "exit"), "wait", omit=True),
+                   attr("scale", enum("one", "grid"), "one", omit=True)),
                lambda op: (), where=K, simulate=_sim("counter_wait"), verify=_verify_wait,
                traits=frozenset({"counter"})))
