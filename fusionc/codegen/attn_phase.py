@@ -66,6 +66,6 @@ def setup(p, ctx) -> None:
                             f"fc_ws + {p.att_ws}", f"fc_counters + {p.att_counters}",
                             f"fc_counters + {p.counters[op.attr('signal')][0]}",
                             f"fc_counters + {p.counters[wait][0]}" if wait else "",
-                            f"fc_counters + {p.words - 1}")
+                            f"fc_counters + {p.words - 1}", ctx.stamps)
     ctx.defs += defs
     after.before = code

@@ -146,13 +146,14 @@ def phase_geometry(op: Op, max_batch: int) -> dict:
 
 
 def phase_code(kernel: Graph, op: Op, refs: dict, smem: str, ws: str, counters: str,
-               signal: str, wait: str = "", err: str = "") -> tuple[str, str]:
+               signal: str, wait: str = "", err: str = "", stamps=None) -> tuple[str, str]:
     """(file-level definitions, the consumers' code) of the attention phase ``op`` of streamed
     kernel ``kernel``: the units on the 256 consumer threads (named barrier 1, so the producer
     warp streams on), in shared memory at ``smem``, slots at ``ws`` and arrival counters at
     ``counters`` (C expressions); then each CTA signals counter word ``signal`` once. With
     ``wait`` (a counter word), first a wait for the op's ``wait_target`` signals (the QKV
-    phase's flushes; bounded, setting error word ``err``)."""
+    phase's flushes; bounded, setting error word ``err``). ``stamps``: a timeline build's
+    (:class:`fusionc.codegen.stream_timeline.Stamps`)."""
     from fusionc.codegen.streamed import COUNTER_TIMEOUT_NS
     from fusionc.ir.ops.tile_attn_units import unsupported
     mb = kernel.attr("max_batch")
@@ -168,12 +169,15 @@ def phase_code(kernel: Graph, op: Op, refs: dict, smem: str, ws: str, counters: 
     tv["qregs"] = False   # 288 threads: 168 registers a thread (3 warps on an SM quarter)
     defs = render("attn_defs.cu.j2", sync=f"fc_consumer_sync<{PHASE_THREADS}>()", **tv)
     body = render("attn_body.cu.j2", smem=smem, ws=ws, counters=counters, **tv)
+    stamp = stamps.at if stamps is not None else (lambda label, role: "")
     if wait:   # every QKV group stored (acquire): then the units read qkv with plain loads
         body = (f"if (threadIdx.x == 0) fc_counter_wait<false>({wait}, "
                 f"{op.attr('wait_target')}u, {err}, {COUNTER_TIMEOUT_NS}ull);\n"
-                f"fc_consumer_sync<{PHASE_THREADS}>();\n" + body)
-    return defs, (body + f"\nfc_consumer_sync<{PHASE_THREADS}>();   // every store of o is done"
-                  f"\nif (threadIdx.x == 0) fc_counter_signal({signal});   // this CTA's units\n")
+                f"fc_consumer_sync<{PHASE_THREADS}>();\n" +
+                stamp("consumers: the QKV flushes acquired", "consumer") + body)
+    return defs, (body + f"\nfc_consumer_sync<{PHASE_THREADS}>();   // every store of o is done\n"
+                  + stamp("consumers: attention units done", "consumer") +
+                  f"if (threadIdx.x == 0) fc_counter_signal({signal});   // this CTA's units\n")
 
 
 def unit_params(kernel: Graph, op: Op) -> tuple:

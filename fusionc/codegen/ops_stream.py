@@ -28,6 +28,7 @@ class StreamCtx:
     epilogues: list = field(default_factory=list)  # each flush's functor (stream.epilogue)
     phase: object = None           # the Phase being emitted (fusionc.codegen.streamed)
     defs: str = ""                 # file-level code (an attention phase's geometry)
+    stamps: object = None          # timeline stamps (fusionc.codegen.stream_timeline.Stamps)
 
     def ptr(self, v) -> str:
         return self.refs[v.name]
@@ -223,7 +224,7 @@ def _gemv(op, ctx):
 def _stage_gamma(op, ctx, ct) -> str:
     """The consumers' prologue that copies the norm weight into shared memory (``fc_gamma``):
     read by every unit, so from shared memory rather than through L2 at each k-step."""
-    from fusionc.codegen.streamed import gamma_elems
+    from fusionc.codegen.stream_layout import gamma_elems
     p = ctx.plan
     if "gamma" in ctx.staged:   # sibling phases: one prologue, staged once
         return "fc_gamma"
@@ -292,7 +293,7 @@ def exit_code(ctx) -> tuple[str, str]:
     p = ctx.plan
     if not p.exit_counters:
         return "", ""
-    from fusionc.codegen.streamed import CHUNK_STRIDE
+    from fusionc.codegen.stream_layout import CHUNK_STRIDE
     first, n = p.exit_counters
     call = (f"fc_counters_exit(fc_counters + {first}, {n}, {CHUNK_STRIDE}, "
             f"fc_counters + {first + n * CHUNK_STRIDE});")
@@ -308,7 +309,7 @@ def exit_code(ctx) -> tuple[str, str]:
 def row_rms(op, ctx) -> str:
     """The consumers' prologue for ``row_rms``: every CTA's 1 / rms of each batch row, in
     shared memory (``fc_rms``), after the previous kernel (PDL) finished writing x."""
-    from fusionc.codegen.streamed import rms_rows
+    from fusionc.codegen.stream_layout import rms_rows
     p = ctx.plan
     x = op.operands[0]
     ct, k = cnames.ctype(x.type.dtype), x.type.shape[1]
@@ -363,13 +364,15 @@ def _cwait(op, ctx):
 
 def _wait_once(op, ctx, err) -> str:
     """:func:`_once`'s wait: ``target`` signals per CTA of the launch, at the CTA's first unit
-    of the phase (each CTA has one: the grid is at most the phase's units)."""
+    of the phase (a CTA without units in it skips the wait: it reads nothing)."""
     from fusionc.codegen.streamed import COUNTER_TIMEOUT_NS
     if "bool fc_polled" not in ctx.producer_setup:
         ctx.producer_setup += "bool fc_polled = false;  // acquired since the last proxy fence\n"
+    stamp = ctx.stamps.at(f"producer: phase {ctx.phase.index}'s signals acquired",
+                          "producer") if ctx.stamps else ""
     return (f"if (fc_i == 0) {{\n  if ({_leader(op)}) fc_counter_wait<false>({_counter(op, ctx)},"
             f" {op.attr('target')}u * gridDim.x, {err}, {COUNTER_TIMEOUT_NS}ull);\n"
-            f"  {_role_sync(op)}\n  fc_polled = true;\n}}")
+            f"  {_role_sync(op)}\n  fc_polled = true;\n  {stamp}}}")
 
 
 def _poll(op, ctx, err) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import fusionc
 from fusionc.codegen import attn_phase, cnames, libs
+from fusionc.codegen.stream_layout import CONSUMERS, plan_counters, plan_smem, workspace_floats
 from fusionc.codegen.context import CodegenOptions
 from fusionc.codegen.render import render
 from fusionc.codegen.source import KernelParam, KernelSource
@@ -31,7 +32,6 @@ from fusionc.errors import CompileError
 from fusionc.ir.kernel import ring_geometry
 from fusionc.ir.nodes import Graph, Op
 from fusionc.ir.ops.tile_units import in_producer, phases_of, units_op
-from fusionc.ir.registry import lookup
 from fusionc.ir.printer import print_graph
 from fusionc.ir.types import DType
 from fusionc.lower.linear_v2 import ROWS, WIDE_ROWS
@@ -44,11 +44,9 @@ TILE_ROWS = (ROWS, WIDE_ROWS)   # weight rows per tile the generator takes
 # / Llama-3-8B MLPs 2.4-3.2 us at 1-8 rows, every GEMV at 1 and 16 rows). FUSIONC_MMA=sync
 # keeps mma.sync for A/B runs, up to SYNC_MAX_ROWS (past them its fragments spill).
 SYNC_MAX_ROWS = 64
-CONSUMERS = 256           # consumer threads (8 warps): the thread maps of templates/lib/stream
 TOP_LEVEL = ("acc_alloc", "ring_alloc", "row_rms", "attn_units", "units")
 COUNTER_TIMEOUT_NS = 2_000_000_000
-CHUNK_STRIDE = 32   # words per chunk counter (reset = exit sets): one 128-byte L2 line each,
-                    # so the polls of every CTA and the flushes' reds spread over L2 banks
+
 
 
 @dataclass
@@ -64,6 +62,8 @@ class Phase:
     producer_body: str = ""
     consumer_body: str = ""
     before: str = ""             # the consumers' code before the phase (an attention phase)
+    producer_done: str = ""      # timeline stamps after the phase (stream_timeline)
+    consumer_done: str = ""
 
     @property
     def count(self) -> int:
@@ -173,8 +173,8 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
         raise CompileError(f"{kernel.attr('threads')} threads", op=kernel.name, loc=kernel.loc,
                            valid=f"{p.threads}: {CONSUMERS} consumer threads" +
                                  (" and a producer warp" if p.producer else ""))
-    _plan_counters(p)
-    _plan_smem(p)
+    plan_counters(p)
+    plan_smem(p)
     return p
 
 
@@ -229,39 +229,6 @@ def _from_ring(units: Op, gemv: Op) -> bool:
     return gemv.operands[2].name in stage_vals
 
 
-def _plan_counters(p: StreamPlan) -> None:
-    """Counter words: each phase's split-K flush counters (one per group), then the named sets
-    (``reset = exit`` sets together, so the last CTA zeroes one run), then, if any, the exit
-    count, then the error word."""
-    words = 0
-    for ph in p.phases:
-        ph.flush_base, words = words, words + ph.groups
-    sizes, exits = {}, set()
-    for ph in p.phases:
-        for op in ph.units.regions[0]:
-            if lookup(op.name).has("counter"):
-                n = op.attr("index") + {"const": 1, "group": ph.groups, "unit": ph.count,
-                                        "step": ph.group}[op.attr("slot")]
-                sizes[op.attr("name")] = max(sizes.get(op.attr("name"), 0), n)
-                if op.name == "counter_wait" and op.attr("reset") == "exit":
-                    exits.add(op.attr("name"))
-            if op.name == "group_flush" and op.attr("signal"):
-                name = op.attr("signal")
-                sizes[name] = max(sizes.get(name, 0), -(-ph.groups // op.attr("per")))
-    if p.attention is not None and p.attention.attr("wait"):   # waited on by every CTA
-        exits.add(p.attention.attr("wait"))
-    start = words
-    for name in sorted(sizes, key=lambda n: n not in exits):   # exit sets first, together
-        stride = CHUNK_STRIDE if name in exits else 1
-        p.counters[name] = (words, sizes[name], stride)
-        words += sizes[name] * stride
-    n_exit = sum(sizes[n] for n in exits)
-    if n_exit:
-        p.exit_counters = (start, n_exit)
-        words += 1   # the exit count
-    p.words = attn_phase.plan_counters(p, words) + 1   # the error word last
-
-
 def _mma_choice(g: Op, max_batch: int, rows: int, path: str) -> str:
     """The tensor-core path's instructions, ``"wgmma"`` or ``"sync"`` (``$FUSIONC_MMA``);
     CompileError for wide tiles off the wgmma path or an override the path cannot follow."""
@@ -280,59 +247,30 @@ def _mma_choice(g: Op, max_batch: int, rows: int, path: str) -> str:
     return forced or "wgmma"
 
 
-def _plan_smem(p: StreamPlan) -> None:
-    off = 0
-    if p.ring is not None:
-        off = ring_geometry(p.ring).total_bytes
-    off = -(-off // 16) * 16
-    p.scratch_off = off
-    off += 16 + (4 * 32 * 4 * p.nb * 4 if p.path == "mma" else 0)
-    p.rms_off = off
-    if any(op.name == "row_rms" for op in p.kernel.body):
-        off += 4 * rms_rows(p) + 4 * (CONSUMERS // 32) * p.max_batch   # fc_rms, its reduction
-    p.gamma_off = off = -(-off // 16) * 16
-    staged = {}   # one copy per norm weight: sibling phases share theirs
-    for ph in p.phases:
-        if len(ph.gemv.operands) == 5:
-            staged[ph.gemv.operands[3].name] = gamma_elems(p, ph.gemv) * \
-                ph.gemv.operands[3].type.dtype.itemsize
-    off += sum(staged.values())
-    p.smem = attn_phase.plan_smem(p, off)
-
-
-def rms_rows(p: StreamPlan) -> int:
-    """Rows of ``fc_rms``: the batch bucket padded to whole mma n-tiles of 8 (zeros past M)."""
-    return -(-p.max_batch // 8) * 8
-
-
-def gamma_elems(p: StreamPlan, gemv: Op) -> int:
-    """Elements of the norm weight in shared memory: whole K chunks (zeros past K)."""
-    return -(-gemv.attr("k") // p.cols) * p.cols
-
-
-def workspace_floats(p: StreamPlan) -> int:
-    """Split-K slots: 2 per CTA of the largest grid (the kernel's ``grid``) × max_batch × rows,
-    per phase (a CTA's slot of one phase may still be read by a partner while it flushes the
-    next); each phase's ``ws_off`` is set here."""
-    per = 2 * p.kernel.attr("grid") * p.max_batch * p.rows
-    for ph in p.phases:
-        ph.ws_off = ph.index * per
-    return attn_phase.workspace(p, per * len(p.phases))
-
-
 def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> KernelSource:
-    """The CUDA source of a streamed kernel (see the module docstring).
+    """The CUDA source of a streamed kernel (see the module docstring); a timeline build
+    (``options.timeline``, :mod:`fusionc.codegen.stream_timeline`) is emitted twice, the first
+    time to count its stamp points.
 
     Raises:
         CompileError: ops or tile shapes the generator does not support.
     """
-    from fusionc.codegen import ops_stream
+    from fusionc.codegen.stream_timeline import Stamps
     options = options or CodegenOptions()
+    n = len(_generate(kernel, Stamps(on=True)).stamps) if options.timeline else 0
+    return _generate(kernel, Stamps(on=bool(n)), n)
+
+
+def _generate(kernel: Graph, stamps, n: int = 0) -> KernelSource:
+    from fusionc.codegen import ops_stream
+    from fusionc.codegen.stream_timeline import reserve
     p = plan(kernel)
+    stamps.base = reserve(p, n)
     ws = workspace_floats(p)
     params = _params(kernel, p)
     refs = {kp.value.name: kp.name for kp in params if kp.kind == "tensor"}
-    ctx = ops_stream.StreamCtx(p, refs)
+    ctx = ops_stream.StreamCtx(p, refs, stamps=stamps)
+    entry = stamps.at("entry", "cta")
     for op in p.kernel.body:
         if op.name == "row_rms":
             ctx.consumer_setup += ops_stream.row_rms(op, ctx)
@@ -344,15 +282,21 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
             code = ops_stream.emit(op, ctx)
             (prod if in_producer(op) else cons).append(_block(op, code))
         ph.producer_body, ph.consumer_body = "\n".join(prod), "\n".join(cons)
+        ph.producer_setup += stamps.at(f"producer: phase {ph.index}'s first weights issued",
+                                       "producer")
+        ph.producer_done = stamps.at(f"producer: phase {ph.index}'s copies issued", "producer")
+        ph.consumer_done = stamps.at(f"consumers: phase {ph.index} done", "consumer")
     name = cnames.ident("fusionc", kernel.name)
     ring = ring_geometry(p.ring) if p.ring is not None else None
     exit_p, exit_c = ops_stream.exit_code(ctx)
+    exit_c = stamps.at("consumers: exit", "consumer") + exit_c
     source = render(
         "streamed.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
         ir_lines=print_graph(kernel).splitlines(),
         libs=libs.render_libs({"mma", "stream", "wgmma", "stream_flush"} |
                               ({"attention"} if p.attention is not None else set())),
-        defs=ctx.defs,
+        defs="\n".join(d for d in (ctx.defs, stamps.macro(kernel.attr("grid"))) if d),
+        entry=entry,
         name=name, params=[kp.decl for kp in params], threads=p.threads, smem=p.smem,
         count=p.count, phases=p.phases, ring=ring, producer=p.producer,
         producer_setup=ctx.producer_setup, consumer_setup=ctx.consumer_setup,
@@ -363,7 +307,8 @@ def generate_streamed(kernel: Graph, options: CodegenOptions | None = None) -> K
                         cluster=1, threads=p.threads, smem_bytes=p.smem, params=tuple(params),
                         workspace_floats=ws, counters=p.words, resident=bool(p.exit_counters),
                         persistent_units=p.count if p.attention is None else
-                        p.attention.attr("grid"), pdl=True)
+                        p.attention.attr("grid"), pdl=True, stamps=tuple(stamps.labels),
+                        stamp_base=stamps.base)
 
 
 def _block(op: Op, code: str) -> str:

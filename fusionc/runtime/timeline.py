@@ -5,7 +5,9 @@ Each CTA's thread 0 stored ``%globaltimer`` (ns) into one 64-bit slot per stamp 
 ``__syncthreads()`` (``KernelSource.stamps`` names them: entry, every top-level op, grid
 barriers, exit). Per slot this reports, over the CTAs that reached it, the first, median and
 last time in µs since the first CTA's entry, and the median time since the CTA's previous slot
-(the op's own time on a typical CTA). The extra barriers make a timeline build slightly slower
+(the op's own time on a typical CTA), slots in the order of their median times (a streamed
+kernel's producer and consumers stamp independently: :mod:`fusionc.codegen.stream_timeline`).
+The extra barriers make a timeline build slightly slower
 than the normal one; ``%globaltimer`` ticks in 32 ns steps on Hopper (PTX ISA, "Special
 registers"), so sub-µs figures are coarse.
 """
@@ -42,8 +44,10 @@ def stamps(source, counters: np.ndarray) -> list[Stamp]:
     t[~stored] = np.nan
     last_seen = t[:, 0].copy()
     out = []
-    for k, label in enumerate(source.stamps):
-        col = t[:, k]
+    med = [np.nanmedian(t[:, k]) if stored[:, k].any() else np.inf for k in range(n)]
+    order = [0] + sorted(range(1, n), key=lambda k: med[k])   # a streamed kernel's two roles
+    for k in order:   # stamp in code order; shown (and stepped) in time order
+        label, col = source.stamps[k], t[:, k]
         seen = ~np.isnan(col)
         if k:
             prev = np.where(seen, col - last_seen, np.nan)

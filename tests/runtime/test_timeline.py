@@ -51,3 +51,49 @@ def test_reader_first_median_last_and_op_time():
     assert rows[1].ctas == ctas - 1 and rows[1].step == 2.096
     assert rows[-1].label == "exit" and rows[-1].ctas == ctas
     assert "op µs" in timeline.table(rows)
+
+
+def _fused_block_source(**opts):
+    from fusionc.codegen.streamed import generate_streamed
+    from fusionc.passes import run_pipeline
+    from tests.passes.test_attention_o import FUSED, _fused
+    from tests.passes.test_attention_v2 import block
+    low = run_pipeline(block("bf16", hidden=3072, heads=24, kv_heads=8, head_dim=128,
+                             max_seq=1024), FUSED(1, rows=128))
+    return generate_streamed(_fused(low), CodegenOptions(**opts))
+
+
+def test_a_streamed_kernel_stamps_both_roles_before_its_error_word():
+    """The fused attention block (QKV phase, attention phase, O phase): the producer's and the
+    consumers' points, the slots before the error word (still the last counter word)."""
+    src, plain = _fused_block_source(timeline=True), _fused_block_source()
+    labels = list(src.stamps)
+    assert labels[0] == "entry" and "consumers: exit" in labels
+    for want in ("consumers: the QKV flushes acquired", "consumers: attention units done",
+                 "producer: phase 1's signals acquired", "producer: phase 0's copies issued",
+                 "consumers: phase 1 done"):
+        assert want in labels
+    assert src.source.count("FC_STAMP_AT(") == len(labels) + 1   # + the macro definition
+    assert src.stamp_base % 2 == 0 and src.stamp_base >= plain.counters - 1
+    assert src.counters == src.stamp_base + 2 * len(labels) * src.blocks + 1
+    err = f"fc_counters + {src.counters - 1}"
+    assert err in src.source and f"fc_counters + {plain.counters - 1}," not in src.source
+    assert not plain.stamps and "FC_STAMP_AT" not in plain.source
+
+
+def test_reader_orders_a_streamed_kernels_slots_by_time():
+    src = _fused_block_source(timeline=True)
+    n, ctas = len(src.stamps), src.blocks
+    at = {label: i for i, label in enumerate(src.stamps)}
+    when = {"entry": 0, "producer: phase 0's first weights issued": 1000,
+            "consumers: phase 0 done": 9000, "consumers: the QKV flushes acquired": 10000,
+            "consumers: attention units done": 20000}   # ns; the rest at 30 µs and on
+    t = np.zeros((ctas, n), np.uint64)
+    epoch = np.uint64(1_764_470_000_000_000_000)
+    for label, k in at.items():
+        t[:, k] = epoch + np.uint64(when.get(label, 30000 + 100 * k))
+    counters = np.zeros(src.counters, np.uint32)
+    counters[src.stamp_base:src.stamp_base + 2 * n * ctas] = t.reshape(-1).view(np.uint32)
+    rows = timeline.stamps(src, counters)
+    assert [r.label for r in rows[:5]] == list(when)
+    assert rows[4].step == 10.0 and rows[4].median == 20.0   # the attention units' own time
