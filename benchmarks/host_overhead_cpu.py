@@ -87,7 +87,11 @@ def cases(batch: int = 1):
                         intermediate=INTER, tp=2, max_seq=MAX_SEQ, eps=1e-5, theta=500000.0,
                         dtype="f16")
     kv = dict(max_batch=batch, kv_len=MAX_SEQ)
+    from fusionc.runtime.pipelines import v2_default_pipeline
+    one = v2_default_pipeline(attn.graphs[0], batch).replace("}", ", attention_o=true}", 1)
     return {"attention": (attn, kv),
+            "attention (one kernel, partition-units{attention_o})": (
+                attn, dict(kv, pipeline=one)),
             "mlp": (mlp_block(hidden=HIDDEN, intermediate=INTER, eps=1e-5, dtype="f16"),
                     dict(max_batch=batch)),
             "layer (attention + MLP)": (layer_graph(), kv),
