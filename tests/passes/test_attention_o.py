@@ -264,3 +264,14 @@ def test_fused_attention_compiles_without_spills(dtype, kw, mb, rows, whole):
     assert any(o.name == "row_rms" for o in _fused(low).body) == whole
     assert src.source.count("fc_counter_wait<false>(") == (2 if whole else 1)
     assert "__syncthreads" not in src.source.split("the attention units")[1]
+
+
+def test_signal_on_a_units_kernel_of_its_own_is_a_named_verify_error():
+    low = run_pipeline(block(hidden=256, heads=8, kv_heads=2, head_dim=32, max_seq=96),
+                       UNFUSED(8))
+    k = next(g for g in low.graphs if g.kind == "kernel" and g.body[0].name == "attn_units")
+    att = k.body[0]
+    bad = k.replace(body=(att.replace(attrs=tuple(
+        (a, "attn" if a == "signal" else v) for a, v in att.attrs)),))
+    with pytest.raises(VerifyError, match="signal and wait only in an attention phase"):
+        verify_module(Module(tuple(bad if g.name == k.name else g for g in low.graphs)))
