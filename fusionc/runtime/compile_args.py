@@ -80,10 +80,11 @@ def tuned_v2(g: Graph, max_batch: int, kv_len: int, search: bool, split_tokens) 
     hit = lookup(g, max_batch, kv_len)
     if hit is None and search:
         best, _ = autotune(g, max_batch, kv_len)
-        hit = {"path": best.path, "chain": best.chain}
+        hit = {"path": best.path, "chain": best.chain, "fuse": best.fuse}
     if hit is None:
         return None
-    return V2Choice(hit["path"], hit["chain"]).compile_kwargs(g, max_batch)["pipeline"]
+    return V2Choice(hit["path"], hit["chain"], hit.get("fuse", False)).compile_kwargs(
+        g, max_batch)["pipeline"]
 
 
 def check_launches_only(host: Graph) -> None:

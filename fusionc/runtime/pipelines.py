@@ -73,18 +73,21 @@ def v2_default_pipeline(g: Graph, max_batch: int, split_tokens: int | None = Non
     return v2_pipeline(max_batch)
 
 
-def path_pipeline(g: Graph, max_batch: int, path: str, chain: bool | None) -> str:
+def path_pipeline(g: Graph, max_batch: int, path: str, chain: bool | None,
+                  fuse: bool = False) -> str:
     """The pipeline of lowering v2's ``path`` (``fusionc.cost.h200.Device.v2_path``'s names:
     fused 64-row tiles, wide 128-row tiles, the library path; or ``mixed``: GEMMs around
     attention units); ``chain`` as
-    :func:`fusionc.passes.stream.v2_pipeline`'s."""
+    :func:`fusionc.passes.stream.v2_pipeline`'s; ``fuse``: on a fused path, attention blocks
+    in one kernel (``partition-units{attention_o=true}``)."""
     from fusionc.lower.linear_v2 import ROWS, WIDE_ROWS
     from fusionc.passes.stream import v2_pipeline
     if path == "library":
         return library_pipeline(g)
     if path == "mixed":
         return mixed_pipeline(_rows(g, max_batch), host=host_attention(first_passes(g)))
-    return v2_pipeline(max_batch, chain=chain, rows=WIDE_ROWS if path == "wide" else ROWS)
+    out = v2_pipeline(max_batch, chain=chain, rows=WIDE_ROWS if path == "wide" else ROWS)
+    return out.replace("}", ", attention_o=true}", 1) if fuse else out
 
 
 def host_attention(g: Graph) -> bool:

@@ -1,7 +1,8 @@
 """The autotuning search: every candidate choice is compiled (through the cubin cache) and timed
 on the GPU by CUDA-graph replay over buffer sets larger than 3x L2; the fastest is stored. It
 varies lowering v2's path (:class:`V2Choice`: fused 64-row tiles one kernel per linear or
-chained, fused 128-row tiles, the library path, the mixed path)."""
+chained, fused 128-row tiles, the library path, the mixed path) and, for an attention block on
+a fused path, whether the block is one kernel (``partition-units{attention_o}``)."""
 from __future__ import annotations
 
 import math
@@ -19,18 +20,23 @@ V2_PATHS = ("fused", "wide", "library", "mixed")   # mixed: GEMMs around attenti
 @dataclass(frozen=True)
 class V2Choice:
     """Lowering v2's choice: ``path`` one of :data:`V2_PATHS` (as
-    ``fusionc.cost.h200.Device.v2_path``), ``chain``: chained linears in one kernel."""
+    ``fusionc.cost.h200.Device.v2_path``), ``chain``: chained linears in one kernel,
+    ``fuse``: an attention block in one kernel (the fused paths:
+    :func:`fusionc.lower.attention_o.fused_attention`)."""
 
     path: str
     chain: bool
+    fuse: bool = False
 
     def compile_kwargs(self, g: Graph, max_batch: int) -> dict:
         """Keyword arguments of fusionc.compile that realize this choice for ``g``."""
         from fusionc.runtime.pipelines import path_pipeline
-        return dict(lowering="v2", pipeline=path_pipeline(g, max_batch, self.path, self.chain))
+        return dict(lowering="v2", pipeline=path_pipeline(g, max_batch, self.path, self.chain,
+                                                          self.fuse))
 
     def describe(self) -> str:
-        return self.path + (" chained" if self.chain and self.path != "library" else "")
+        return self.path + (" chained" if self.chain and self.path != "library" else "") + \
+            (", attention block in one kernel" if self.fuse else "")
 
 
 def candidates(g: Graph | None = None, max_batch: int = 1) -> list:
@@ -45,11 +51,14 @@ def candidates(g: Graph | None = None, max_batch: int = 1) -> list:
         from fusionc.runtime.pipelines import first_passes, host_attention
         if host_attention(first_passes(g)):   # the units do not take it: the host path only
             top = None
+    attends = g is not None and any(op.name == "decode_attention" for op in g.body)
     if top is not None and max_batch <= top:
         out += [V2Choice("fused", False), V2Choice("fused", True)]
         if top == MAX_BATCH_MMA:
             out.append(V2Choice("wide", True))
-    if g is not None and any(op.name == "decode_attention" for op in g.body):
+        if attends:   # each fused path with its attention blocks in one kernel
+            out += [V2Choice(c.path, c.chain, True) for c in out]
+    if attends:
         from fusionc.runtime.pipelines import first_passes
         from fusionc.runtime.pipelines import mixed
         return out + ([V2Choice("mixed", False)] if mixed(first_passes(g)) else [])
@@ -101,7 +110,8 @@ def autotune(g: Graph, max_batch: int, kv_len: int, *, reps: int = 20,
         results.append((ch, _time(fn, sets, outs, reps)))
     best, us = min(results, key=lambda r: r[1])
     if store:
-        st.record(g, max_batch, kv_len, {**asdict(best), "us": round(us, 2),
+        choice = {k: v for k, v in asdict(best).items() if k != "fuse" or v}   # as before
+        st.record(g, max_batch, kv_len, {**choice, "us": round(us, 2),
                                          "candidates": len(results)})
     return best, results
 

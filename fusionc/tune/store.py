@@ -44,8 +44,8 @@ def gpu_name() -> str:
         return DEFAULT_GPU
 
 
-CHOICE_TEXT = ('{"path": "fused"|"wide"|"library"|"mixed", "chain": true|false} '
-               "under {graph key: {GPU: {version: ...}}}")
+CHOICE_TEXT = ('{"path": "fused"|"wide"|"library"|"mixed", "chain": true|false, '
+               '"fuse": true|false (optional)} under {graph key: {GPU: {version: ...}}}')
 
 
 def _load() -> dict:
@@ -68,7 +68,8 @@ def _ignored(why: str) -> None:
 def valid_choice(c) -> bool:
     """Whether ``c`` is a stored choice fusionc.compile can use (see :data:`CHOICE_TEXT`)."""
     from fusionc.tune.search import V2_PATHS
-    return isinstance(c, dict) and c.get("path") in V2_PATHS and isinstance(c.get("chain"), bool)
+    return isinstance(c, dict) and c.get("path") in V2_PATHS and \
+        isinstance(c.get("chain"), bool) and isinstance(c.get("fuse", False), bool)
 
 
 def lookup(g: Graph, max_batch: int, kv_len: int, gpu: str | None = None) -> dict | None:

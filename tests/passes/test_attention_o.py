@@ -275,3 +275,27 @@ def test_signal_on_a_units_kernel_of_its_own_is_a_named_verify_error():
         (a, "attn" if a == "signal" else v) for a, v in att.attrs)),))
     with pytest.raises(VerifyError, match="signal and wait only in an attention phase"):
         verify_module(Module(tuple(bad if g.name == k.name else g for g in low.graphs)))
+
+
+def test_autotuning_measures_the_block_in_one_kernel_and_a_stored_choice_takes_it(
+        tmp_path, monkeypatch):
+    """The fused paths of an attention graph come with and without the block in one kernel;
+    a stored choice with ``fuse`` compiles to one launch (older stored choices, without the
+    key, to three)."""
+    import json
+    import fusionc as fc
+    from fusionc.tune import store
+    from fusionc.tune.search import V2Choice, candidates
+    m = block(hidden=256, heads=8, kv_heads=2, head_dim=32, max_seq=96)
+    g = m.graphs[0]
+    cands = candidates(g, 4)
+    assert V2Choice("fused", True, True) in cands and V2Choice("fused", True) in cands
+    assert [c for c in cands if c.path == "mixed"] == [V2Choice("mixed", False)]
+    assert "attention block in one kernel" in V2Choice("wide", True, True).describe()
+    monkeypatch.setenv("FUSIONC_CACHE_DIR", str(tmp_path))   # the store lies beside the cubins
+    for fuse, launches in ((True, 1), (None, 3)):
+        choice = {"path": "fused", "chain": True, **({"fuse": fuse} if fuse else {})}
+        store.record(g, 4, 96, dict(choice, us=1.0, candidates=2), gpu=store.DEFAULT_GPU)
+        fn = fc.compile(m, max_batch=4, kv_len=96)
+        assert [op.name for op in fn.host.body] == ["launch"] * launches, choice
+    assert json.loads((tmp_path / "autotune.json").read_text())
