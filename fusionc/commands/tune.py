@@ -6,7 +6,8 @@ from fusionc.commands.compile import positive_int
 
 
 @command("tune", "measure kernel choices on the GPU (fused 64- or 128-row tiles, chained or "
-                 "not, the library or the mixed path); store the fastest")
+                 "not, an attention block in one kernel or not, the library or the mixed path); "
+                 "store the fastest")
 def setup(p):
     p.add_argument("source", help="a DSL file (.py) or graph-IR text (.fir)")
     p.add_argument("--batch", type=positive_int, default=1, help="batch bucket (default 1)")
