@@ -372,7 +372,7 @@ def _wait_once(op, ctx, err) -> str:
                           "producer") if ctx.stamps else ""
     return (f"if (fc_i == 0) {{\n  if ({_leader(op)}) fc_counter_wait<false>({_counter(op, ctx)},"
             f" {op.attr('target')}u * gridDim.x, {err}, {COUNTER_TIMEOUT_NS}ull);\n"
-            f"  {_role_sync(op)}\n  fc_polled = true;\n  {stamp}}}")
+            f"  {_role_sync(op)}\n  fc_polled = true;\n{'  ' + stamp if stamp else ''}}}")
 
 
 def _poll(op, ctx, err) -> str:

@@ -3,9 +3,10 @@
 slots that :mod:`fusionc.runtime.timeline` reads (``KernelSource.stamps`` names them).
 
 Points: the CTA's entry (after the ring's setup); per phase, the producer's first weight
-stages issued, its wait for an attention phase's signals passed, its last copy issued, and
+stages issued (before phase 0's wait for the previous kernel, PDL), its wait for an attention
+phase's signals passed, its last copy issued, and
 the consumers' last unit done (after their named barrier); the attention phase's wait for the
-QKV flushes passed and its units done; the consumers' exit. So a fused block's time splits into
+QKV flushes passed and its units done. So a fused block's time splits into
 ramp (entry to the first stage's use), the attention phase, the wait, each phase and the tail.
 The slots lie before the error word (which stays the last counter word): ``2·grid·n`` words
 from an even word. The stamps' barriers make a timeline build slightly slower."""

@@ -282,14 +282,17 @@ def _generate(kernel: Graph, stamps, n: int = 0) -> KernelSource:
             code = ops_stream.emit(op, ctx)
             (prod if in_producer(op) else cons).append(_block(op, code))
         ph.producer_body, ph.consumer_body = "\n".join(prod), "\n".join(cons)
-        ph.producer_setup += stamps.at(f"producer: phase {ph.index}'s first weights issued",
-                                       "producer")
-        ph.producer_done = stamps.at(f"producer: phase {ph.index}'s copies issued", "producer")
+        if p.producer:   # before phase 0's PDL wait: when the first weights were issued
+            first = stamps.at(f"producer: phase {ph.index}'s first weights issued", "producer")
+            pdl = "fc_grid_dependency_wait();"
+            ph.producer_setup = ph.producer_setup.replace(pdl, first + pdl, 1) \
+                if pdl in ph.producer_setup else ph.producer_setup + first
+            ph.producer_done = stamps.at(f"producer: phase {ph.index}'s copies issued",
+                                         "producer")
         ph.consumer_done = stamps.at(f"consumers: phase {ph.index} done", "consumer")
     name = cnames.ident("fusionc", kernel.name)
     ring = ring_geometry(p.ring) if p.ring is not None else None
     exit_p, exit_c = ops_stream.exit_code(ctx)
-    exit_c = stamps.at("consumers: exit", "consumer") + exit_c
     source = render(
         "streamed.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
         ir_lines=print_graph(kernel).splitlines(),

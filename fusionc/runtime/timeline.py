@@ -5,8 +5,8 @@ Each CTA's thread 0 stored ``%globaltimer`` (ns) into one 64-bit slot per stamp 
 ``__syncthreads()`` (``KernelSource.stamps`` names them: entry, every top-level op, grid
 barriers, exit). Per slot this reports, over the CTAs that reached it, the first, median and
 last time in µs since the first CTA's entry, and the median time since the CTA's previous slot
-(the op's own time on a typical CTA), slots in the order of their median times (a streamed
-kernel's producer and consumers stamp independently: :mod:`fusionc.codegen.stream_timeline`).
+(the op's own time on a typical CTA); a streamed kernel's slots in the order of their median
+times (its producer and consumers stamp independently: :mod:`fusionc.codegen.stream_timeline`).
 The extra barriers make a timeline build slightly slower
 than the normal one; ``%globaltimer`` ticks in 32 ns steps on Hopper (PTX ISA, "Special
 registers"), so sub-µs figures are coarse.
@@ -39,14 +39,18 @@ def stamps(source, counters: np.ndarray) -> list[Stamp]:
     words = np.ascontiguousarray(counters[source.stamp_base:source.stamp_base + 2 * n * ctas])
     raw = words.view(np.uint64).reshape(ctas, n)
     stored = raw != 0
+    if not stored[:, 0].any():   # not launched (a persistent kernel skips an empty batch)
+        return []
     t0 = raw[:, 0][stored[:, 0]].min()  # ns since the epoch: subtract in integers first
     t = np.where(stored, (raw - t0).astype(np.int64), 0).astype(np.float64) / 1e3
     t[~stored] = np.nan
     last_seen = t[:, 0].copy()
     out = []
-    med = [np.nanmedian(t[:, k]) if stored[:, k].any() else np.inf for k in range(n)]
-    order = [0] + sorted(range(1, n), key=lambda k: med[k])   # a streamed kernel's two roles
-    for k in order:   # stamp in code order; shown (and stepped) in time order
+    order = list(range(n))
+    if source.persistent_units:   # a streamed kernel's two roles: shown in time order
+        med = [np.nanmedian(t[:, k]) if stored[:, k].any() else np.inf for k in range(n)]
+        order = [0] + sorted(range(1, n), key=lambda k: med[k])
+    for k in order:
         label, col = source.stamps[k], t[:, k]
         seen = ~np.isnan(col)
         if k:
