@@ -155,7 +155,9 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
     on_ring = ring is not None and all(_from_ring(ph.units, ph.gemv) for ph in phases)
     if len(phases) > 1 and not on_ring:
         raise CompileError("phases on the plain-load path", op="units", loc=phases[1].units.loc,
-                           valid="several phases only when every tile comes through the ring")
+                           valid="several phases only when every tile comes through the ring "
+                                 "(stream-plan, insert-barriers and smem-plan after "
+                                 "partition-units, as v2_pipeline runs them)")
     path = "plain" if not on_ring else (
         "mma" if dt in (DType.f16, DType.bf16) else "fma")   # mma from 1 row (n-tile of 8)
     from fusionc.lower.linear_v2 import max_rows

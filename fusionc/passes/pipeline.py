@@ -91,7 +91,8 @@ def _convert(name: str, key: str, raw: str, typ) -> object:
         return raw
     except ValueError:
         raise PassError(f"option {key}={raw} of pass '{name}'", op=name,
-                        valid=f"a value of type {typ}") from None
+                        valid="true, false, 1 or 0" if "bool" in typ else
+                        f"a value of type {typ}") from None
 
 
 def run_pipeline(module: Module, pipeline: str | list[Pass] = DEFAULT_PIPELINE,
