@@ -299,3 +299,21 @@ def test_autotuning_measures_the_block_in_one_kernel_and_a_stored_choice_takes_i
         fn = fc.compile(m, max_batch=4, kv_len=96)
         assert [op.name for op in fn.host.body] == ["launch"] * launches, choice
     assert json.loads((tmp_path / "autotune.json").read_text())
+
+
+def test_a_plain_read_of_o_flat_in_the_next_phase_is_a_named_verify_error():
+    """The projection's tiles read o_flat with plain loads instead of the ring's stage (no
+    acquire of the attention's stores), and o_flat as an epilogue operand."""
+    low, _ = _case()
+    k = _fused(low)
+    units = k.body[-1]
+    o = next(op for op in k.body if op.name == "attn_units").operands[5]
+    for name, bad_op, match in (
+            ("acc_gemv", lambda op: op.replace(operands=(op.operands[0], o) + op.operands[2:]),
+             "a plain read of the attention units' output"),
+            ("group_flush", lambda op: op.replace(operands=op.operands[:2] + (o,)),
+             "a kernel input the kernel does not write")):
+        region = tuple(bad_op(op) if op.name == name else op for op in units.regions[0])
+        bad = k.replace(body=k.body[:-1] + (units.replace(regions=(region,)),))
+        with pytest.raises(VerifyError, match=match):
+            verify_module(Module(tuple(bad if g.name == k.name else g for g in low.graphs)))

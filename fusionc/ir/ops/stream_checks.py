@@ -184,8 +184,14 @@ def _check_attention_wait(op, written, signals, body) -> None:
 
 def _check_attention_reads(region, att: dict) -> None:
     """A phase that reads an attention phase's ``o`` (``att``: o → its signal) waits first for
-    one signal per CTA (``counter_wait {name = signal, scale = grid}``, before its ring_issue)."""
+    one signal per CTA (``counter_wait {name = signal, scale = grid}``, before its ring_issue);
+    once the ring is planned (stream-plan) it reads ``o`` through it only (no plain loads;
+    as an epilogue operand: :func:`check_tiles`)."""
+    ring = any(o.name == "ring_issue" for o in region)
     for k, op in enumerate(region):
+        if ring and op.name == "acc_gemv" and op.operands[1].name in att:
+            fail(op, "a plain read of the attention units' output in a later phase",
+                 "o read by the next phase's ring_issue only (TMA after every CTA's signal)")
         if op.name != "ring_issue" or op.operands[2].name not in att:
             continue
         sig = att[op.operands[2].name]
