@@ -16,10 +16,12 @@ from fusionc.ir.nodes import Graph, Op
 @dataclass(frozen=True)
 class FusedBlock:
     """One attention core's kernel with its projections: ``specs`` the linears (the QKV
-    projection if taken, then the output projection), ``attention`` the core's op."""
+    projection if taken, then the output projection), ``attention`` the core's op, ``rows``
+    the weight rows of the kernel's tiles."""
 
     attention: Op
     specs: tuple
+    rows: int
 
 
 def fused_attention(g: Graph, cores: dict, specs: dict, chain_of: dict, fits,
@@ -34,9 +36,9 @@ def fused_attention(g: Graph, cores: dict, specs: dict, chain_of: dict, fits,
     one linear of its chain, writes the core's ``qkv`` and has only the core's ops between it
     and the attention. The core's units run on the kernel's 256 consumer threads
     (:func:`fusionc.lower.attention_v2.threads`: head_dim <= 128, 16-bit); ``fits(core,
-    specs)``: the kernel streams its tiles through a ring of at least two stages beside the
-    attention's shared memory (:func:`fits_two_stages`); the QKV projection is left out where
-    only the output projection fits."""
+    specs)``: the weight rows of tiles whose ring of at least two stages fits beside the
+    attention's shared memory (:func:`fits_two_stages`), or 0; the QKV projection is left out
+    where only the output projection fits."""
     from fusionc.lower.attention_v2 import AttentionCore, threads
     out, pos = {}, {id(op): i for i, op in enumerate(g.body)}
     for att, core in cores.items():
@@ -52,8 +54,9 @@ def fused_attention(g: Graph, cores: dict, specs: dict, chain_of: dict, fits,
         if q is not None and not _inside(g.body[pos[id(q.linear)] + 1:pos[att]], core):
             q = None
         for taken in ((q, o), (o,)) if qkv and q is not None else ((o,),):
-            if fits(core, list(taken)):
-                out[id(o.linear)] = FusedBlock(core.attention, taken)
+            rows = fits(core, list(taken))
+            if rows:
+                out[id(o.linear)] = FusedBlock(core.attention, taken, rows)
                 break
     return out
 

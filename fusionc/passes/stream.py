@@ -137,11 +137,15 @@ class PartitionUnits(Pass):
                 hosts.append(host)
         return Module(tuple(items + hosts))
 
-    def _probe(self, core, specs: list) -> bool:
-        """Whether ``core`` and its projections ``specs`` fit one kernel (two ring stages)."""
+    def _probe(self, core, specs: list) -> int:
+        """The weight rows per tile (``rows``, else 64) with which ``core`` and its projections
+        ``specs`` fit one kernel (a ring of two stages), or 0."""
         from fusionc.lower.linear_v2 import lower_chain
-        return fits_two_stages(lower_chain(specs, "probe", self.max_batch, self.grid or None,
-                                           self.rows, attention=core))
+        for rows in dict.fromkeys((self.rows, ROWS)):
+            if fits_two_stages(lower_chain(specs, "probe", self.max_batch, self.grid or None,
+                                           rows, attention=core)):
+                return rows
+        return 0
 
     def partition(self, g: Graph, module: Module) -> tuple[list[Graph], Graph]:
         """The kernels of graph ``g`` (:func:`fusionc.lower.match_v2.linear_kernels`) and ``g``
@@ -222,7 +226,8 @@ class PartitionUnits(Pass):
             block = fused.get(id(op))
             core = cores[id(block.attention)] if block else None
             k = lower_chain(list(block.specs) if block else chain, kernel_name(g, i, module),
-                            self.max_batch, self.grid or None, self.rows, attention=core)
+                            self.max_batch, self.grid or None,
+                            block.rows if block else self.rows, attention=core)
             outs, ins = launch_values(k, core)
             for v in ins:
                 if v.name not in made:

@@ -232,26 +232,36 @@ def test_scale_grid_only_on_a_const_exit_wait():
         verify_module(Module(tuple(k2 if g.name == k.name else g for g in low.graphs)))
 
 
-@pytest.mark.parametrize("why,kw,mb", [
-    ("head_dim 256: 128 threads", dict(head_dim=256, heads=4, kv_heads=2), 8),
-    ("f32: 128 threads", dict(head_dim=64, heads=4, kv_heads=2, dtype="f32"), 8),
-    ("no room for two ring stages", dict(hidden=3072, heads=24, kv_heads=8, head_dim=128,
-                                         max_seq=1024, dtype="bf16"), 32)])
-def test_where_the_units_stay_a_kernel_of_their_own(why, kw, mb):
+@pytest.mark.parametrize("why,kw,mb,launches", [
+    ("head_dim 256: 128 threads", dict(head_dim=256, heads=4, kv_heads=2), 8, 3),
+    ("f32: 128 threads", dict(head_dim=64, heads=4, kv_heads=2, dtype="f32"), 8, 3),
+    ("16 rows: the whole block on 64-row tiles", dict(hidden=3072, heads=24, kv_heads=8,
+                                                      head_dim=128, max_seq=1024,
+                                                      dtype="bf16"), 16, 1),
+    ("64 rows: no room for the QKV phase", dict(hidden=3072, heads=24, kv_heads=8,
+                                                head_dim=128, max_seq=1024, dtype="bf16"),
+     64, 2)])
+def test_what_the_block_fuses_by_shared_memory(why, kw, mb, launches):
+    """Units that need 128 threads stay a kernel of their own; where the whole block does not
+    fit on the pipeline's 128-row tiles it takes 64-row tiles (a smaller ring), else the QKV
+    projection stays apart."""
     kw = dict(dict(hidden=256, max_seq=96), **kw)
     low = run_pipeline(block(kw.pop("dtype", "f16"), **kw), FUSED(mb, rows=128 if mb > 8
                                                                   else 64))
-    assert len(low["attention"].body) == 3, why
+    assert len(low["attention"].body) == launches, why
+    if launches == 1:
+        k = _fused(low)
+        assert next(o for o in k.body if o.name == "ring_alloc").attr("rows") == 64
 
 
 @pytest.mark.parametrize("dtype,kw,mb,rows,whole", [
     ("bf16", dict(hidden=3072, heads=24, kv_heads=8, head_dim=128), 1, 128, True),   # 3.2-3B
-    ("bf16", dict(hidden=3072, heads=24, kv_heads=8, head_dim=128), 16, 128, False),
+    ("bf16", dict(hidden=3072, heads=24, kv_heads=8, head_dim=128), 16, 128, True),
     ("f16", dict(hidden=2560, heads=32, kv_heads=8, head_dim=128, qk_norm=True), 8, 64, True),
     ("f16", dict(hidden=2048, heads=32, kv_heads=8, head_dim=64), 16, 64, True)])
 def test_fused_attention_compiles_without_spills(dtype, kw, mb, rows, whole):
-    """``whole``: the QKV projection fits too (at 16 rows of head_dim 128, its RMSNorm
-    prologue's shared memory leaves no room for two stages)."""
+    """``whole``: the QKV projection fits too (at 16 rows of head_dim 128 on 64-row tiles: on
+    128-row ones its RMSNorm prologue leaves no room for two stages)."""
     from fusionc.codegen.compile import compile_kernel
     low = run_pipeline(block(dtype, max_seq=1024, **kw), FUSED(mb, rows=rows))
     ck = compile_kernel(_fused(low))
