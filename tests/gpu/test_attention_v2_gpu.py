@@ -121,7 +121,9 @@ def test_attention_v2_against_float64(case):
     assert all(np.isfinite(a[np.isfinite(r)]).all() for a, r in zip(got, ref))
     tol_ref, tol_sim = TOL.get(case[2], (1e-2, 2e-3))
     assert e_ref <= tol_ref and e_sim <= tol_sim
-    assert len(loaded) == (3 if case[4] <= 32 else 1)   # 33+ rows: GEMMs around the units
+    from fusionc.passes.stream import FUSE_ATTENTION   # on: the block in 1-2 kernels if it fits
+    want = (1,) if case[4] > 32 else (1, 2, 3) if FUSE_ATTENTION else (3,)
+    assert len(loaded) in want   # 33+ rows: GEMMs around the units
     assert all(int(lk.counters.sum()) == 0 for lk in loaded)
 
 
