@@ -10,14 +10,7 @@ shared memory after the ring and the flush scratch (128-byte aligned, the units'
 split-K slots; the arrival counters before the error word (the last word)."""
 from __future__ import annotations
 
-from fusionc.ir.nodes import Op
-
 SMEM_ALIGN = 128
-
-
-def attention_of(kernel) -> Op | None:
-    """The kernel's ``attn_units`` op, if it has an attention phase."""
-    return next((op for op in kernel.body if op.name == "attn_units"), None)
 
 
 def plan_counters(p, words: int) -> int:

@@ -95,13 +95,13 @@ def generate_attn_units(kernel: Graph, options=None) -> KernelSource:
     mb = kernel.attr("max_batch")
     geo = geometry(op, threads, mb)
     _check(kernel, op, geo)
-    params, names, freq, name = unit_params(kernel, op)
+    params, names, _, name = unit_params(kernel, op)
     source = render(
         "attn_units.cu.j2", version=fusionc.__version__, kernel_name=f"kernel @{kernel.name}",
         ir_lines=print_graph(kernel).splitlines(), name=name,
         libs=libs.render_libs({"mma", "attention", "stream"}),
         params=[kp.decl for kp in params], sync="__syncthreads()",
-        **template_vars(op, geo, threads, mb, names, freq)) + "\n"
+        **template_vars(op, geo, threads, mb, names)) + "\n"
     w, c = buffers(op, geo, mb)
     return KernelSource(name=name, source=source, kernel=kernel, grid=op.attr("grid"),
                         cluster=1, threads=threads, smem_bytes=geo["smem"], params=tuple(params),
@@ -118,10 +118,9 @@ def buffers(op: Op, geo: dict, max_batch: int) -> tuple[int, int]:
         max_batch * units
 
 
-def template_vars(op: Op, geo: dict, threads: int, max_batch: int, names: list,
-                  freq: str) -> dict:
+def template_vars(op: Op, geo: dict, threads: int, max_batch: int, names: list) -> dict:
     """The variables of ``attn_defs.cu.j2`` and ``attn_body.cu.j2`` for ``op`` (geometry
-    ``geo``, the C names of its operands ``names``, RoPE's frequencies ``freq``)."""
+    ``geo``, the C names of its operands ``names``)."""
     dt = op.operands[0].type.dtype
     return dict(
         stages=geo["stages"], T=cnames.ctype(dt), G=geo["G"], GU=geo["GU"], QB=geo["QB"],
@@ -130,7 +129,7 @@ def template_vars(op: Op, geo: dict, threads: int, max_batch: int, names: list,
         wmax=WAVES, c0=UNIT_OVERHEAD, fma=dt == DType.f32,
         qregs=geo["D"] <= QREGS_MAX_D and dt != DType.f32,
         scale=cnames.f32_literal(op.attr("scale")), rot=op.attr("rotary_dim"),
-        style=op.attr("style"), inv_freq=freq, norm=len(op.operands) == 8,
+        style=op.attr("style"), inv_freq=freq_literals(op), norm=len(op.operands) == 8,
         eps=repr(float(op.attr("eps"))), qkv=names[0], k_cache=names[1], v_cache=names[2],
         pos=names[3], lens=names[4], o=names[5], q_norm=names[6] if len(names) > 6 else "",
         k_norm=names[7] if len(names) > 7 else "", dim_B=batch_dim(op))
@@ -163,9 +162,7 @@ def phase_code(kernel: Graph, op: Op, refs: dict, smem: str, ws: str, counters: 
         raise CompileError("attention units cannot take " + ", ".join(bad), op=op.name,
                            loc=op.loc, valid="f16 or bf16, head_dim a multiple of 16")
     names = [refs[v.name] for v in op.operands]
-    freq = ", ".join(cnames.f32_literal(float(f)) for f in inv_freq(
-        op.attr("theta"), op.attr("rotary_dim"), op.attr("scaling")).astype(np.float32))
-    tv = template_vars(op, geo, PHASE_THREADS, mb, names, freq)
+    tv = template_vars(op, geo, PHASE_THREADS, mb, names)
     tv["qregs"] = False   # 288 threads: 168 registers a thread (3 warps on an SM quarter)
     defs = render("attn_defs.cu.j2", sync=f"fc_consumer_sync<{PHASE_THREADS}>()", **tv)
     body = render("attn_body.cu.j2", smem=smem, ws=ws, counters=counters, **tv)
@@ -180,6 +177,13 @@ def phase_code(kernel: Graph, op: Op, refs: dict, smem: str, ws: str, counters: 
                   f"if (threadIdx.x == 0) fc_counter_signal({signal});   // this CTA's units\n")
 
 
+def freq_literals(op: Op) -> str:
+    """RoPE's inverse frequencies of a units op (:func:`fusionc.ir.ops.rope.inv_freq`), rounded
+    to fp32, as a C initializer list."""
+    freq = inv_freq(op.attr("theta"), op.attr("rotary_dim"), op.attr("scaling"))
+    return ", ".join(cnames.f32_literal(float(f)) for f in freq.astype(np.float32))
+
+
 def unit_params(kernel: Graph, op: Op) -> tuple:
     """(the kernel's parameters, the C names of ``op``'s operands, RoPE's inverse frequencies
     as a C initializer list, the kernel's C name) of a units kernel (``attn_units``,
@@ -187,9 +191,7 @@ def unit_params(kernel: Graph, op: Op) -> tuple:
     from fusionc.codegen.streamed import tail_params, tensor_params
     params = tensor_params(kernel) + tail_params(kernel)
     ref = {kp.value.name: kp.name for kp in params if kp.kind == "tensor"}
-    freq = inv_freq(op.attr("theta"), op.attr("rotary_dim"), op.attr("scaling"))
-    return (params, [ref[v.name] for v in op.operands],
-            ", ".join(cnames.f32_literal(float(f)) for f in freq.astype(np.float32)),
+    return (params, [ref[v.name] for v in op.operands], freq_literals(op),
             cnames.ident("fusionc", kernel.name))
 
 

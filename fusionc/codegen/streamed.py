@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import fusionc
 from fusionc.codegen import attn_phase, cnames, libs
+from fusionc.codegen.attn_units import attn_op
 from fusionc.codegen.stream_layout import CONSUMERS, plan_counters, plan_smem, workspace_floats
 from fusionc.codegen.context import CodegenOptions
 from fusionc.codegen.render import render
@@ -170,7 +171,7 @@ def plan(kernel: Graph, check: bool = True) -> StreamPlan:
             _check_protocol(ph.units, ring)
     p = StreamPlan(kernel, phases, ring, path, rows, cols, mb,
                    wgmma=path == "mma" and _mma_choice(g, mb, rows, path) == "wgmma",
-                   attention=attn_phase.attention_of(kernel))
+                   attention=attn_op(kernel))
     if kernel.attr("threads") != p.threads:
         raise CompileError(f"{kernel.attr('threads')} threads", op=kernel.name, loc=kernel.loc,
                            valid=f"{p.threads}: {CONSUMERS} consumer threads" +
